@@ -1,0 +1,26 @@
+// Devices as gpumem sees them through the selected backend.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "gpumem/export.hpp"
+
+namespace gpumem {
+
+struct memory_info {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+GPUMEM_EXPORT int device_count();
+// Device of the calling thread's current context; 0 when none is current (as the CUDA runtime).
+GPUMEM_EXPORT int current_device();
+// Makes `device`'s primary context current on the calling thread (as cudaSetDevice).
+GPUMEM_EXPORT void set_current_device(int device);
+GPUMEM_EXPORT memory_info device_memory_info(int device);
+GPUMEM_EXPORT std::string device_name(int device);
+// Version of the CUDA driver (e.g. 13000), or the simulator's.
+GPUMEM_EXPORT int driver_version();
+
+}  // namespace gpumem

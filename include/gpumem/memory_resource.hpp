@@ -1,0 +1,66 @@
+// The resource contract every gpumem allocator obeys (docs/resource-contract.md).
+//
+//  allocate(bytes, stream, alignment) returns memory usable by work that is
+//  ordered after the call on `stream`; deallocate(p, bytes, stream, alignment)
+//  returns it once the work queued on `stream` before the call has finished.
+//  Use on any other stream must be ordered by the caller (events).
+//
+//  Checked here, the same for every resource, before the resource sees a call:
+//  bytes == 0 or a null pointer -> logic_error; alignment zero or not a power of
+//  two -> logic_error; bytes larger than any device could hold (rounding would
+//  overflow) -> out_of_memory. Each resource also rejects what only it can know
+//  (foreign or double-freed pointers, size mismatch, a stream of another device).
+#pragma once
+
+#include <cstddef>
+
+#include "gpumem/export.hpp"
+#include "gpumem/stream.hpp"
+
+namespace gpumem {
+
+// 256 bytes: what cuMemAlloc guarantees, and what CUDA's vector loads need.
+inline constexpr std::size_t default_alignment = 256;
+
+struct resource_properties {
+  int device = -1;               // device whose memory it hands out; -1 for host memory
+  bool device_accessible = false;
+  bool host_accessible = false;
+  bool thread_safe = false;      // allocate/deallocate may be called from many threads at once
+};
+
+class GPUMEM_EXPORT memory_resource {
+ public:
+  virtual ~memory_resource() = default;
+  memory_resource() = default;
+  memory_resource(const memory_resource&) = delete;
+  memory_resource& operator=(const memory_resource&) = delete;
+
+  void* allocate(std::size_t bytes, stream_view stream, std::size_t alignment = default_alignment);
+  void deallocate(void* ptr, std::size_t bytes, stream_view stream,
+                  std::size_t alignment = default_alignment);
+
+  // Synchronous variants: memory usable by any stream on return; deallocate_sync
+  // returns memory whose use the caller has already completed.
+  void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment);
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment = default_alignment);
+
+  // Memory from one may be returned to the other.
+  bool is_equal(const memory_resource& other) const noexcept { return do_is_equal(other); }
+  friend bool operator==(const memory_resource& a, const memory_resource& b) noexcept {
+    return a.is_equal(b);
+  }
+
+  virtual resource_properties properties() const noexcept = 0;
+
+ protected:
+  // Preconditions already checked: bytes > 0, alignment a power of two,
+  // bytes + alignment does not overflow.
+  virtual void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) = 0;
+  // ptr != nullptr. Throws logic_error for pointers the resource did not hand out.
+  virtual void do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
+                             std::size_t alignment) = 0;
+  virtual bool do_is_equal(const memory_resource& other) const noexcept { return this == &other; }
+};
+
+}  // namespace gpumem

@@ -1,0 +1,34 @@
+// Controls of the host simulator backend (GPUMEM_BACKEND=sim), for tests and
+// tools. Calling them while the cuda backend is selected throws logic_error.
+//
+// The simulator models N devices (GPUMEM_SIM_DEVICES, default 2) with
+// GPUMEM_SIM_MEMORY bytes each (default 8GiB; suffixes K/M/G/T, KiB/MiB/...),
+// streams that run their work in order on host threads, events, host
+// functions, memcpy/memset and device allocation with real out-of-memory.
+// docs/simulator.md says what it does not model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpumem/export.hpp"
+
+namespace gpumem::sim {
+
+// Fault injection for device allocations (cuMemAlloc, cuMemAllocAsync):
+// the nth allocation from now on (1 = the next one) fails with out-of-memory.
+// 0 turns it off. Also set by GPUMEM_SIM_FAIL_ALLOC=n at start.
+GPUMEM_EXPORT void fail_nth_allocation(std::uint64_t n);
+// Each allocation fails with this probability, drawn from a generator seeded
+// with `seed`. 0 turns it off. Also GPUMEM_SIM_FAIL_RANDOM=p and GPUMEM_SIM_SEED.
+GPUMEM_EXPORT void fail_allocations_at_random(double probability, std::uint64_t seed);
+// Number of allocations the fault injection has failed so far.
+GPUMEM_EXPORT std::uint64_t injected_failures();
+
+// Bytes of a device's simulated memory in use (as the driver counts them, rounded up
+// to its allocation granularity).
+GPUMEM_EXPORT std::size_t used_bytes(int device);
+// Number of device allocations live on a device.
+GPUMEM_EXPORT std::size_t live_allocations(int device);
+
+}  // namespace gpumem::sim

@@ -1,0 +1,53 @@
+// Device queries (include/gpumem/device.hpp).
+#include "gpumem/device.hpp"
+
+#include <array>
+
+#include "driver/driver.hpp"
+
+namespace gpumem {
+
+int device_count() {
+  int n = 0;
+  GPUMEM_CU(cuDeviceGetCount, &n);
+  return n;
+}
+
+int current_device() {
+  CUcontext ctx = nullptr;
+  GPUMEM_CU(cuCtxGetCurrent, &ctx);
+  if (ctx == nullptr) return 0;
+  CUdevice dev{};
+  GPUMEM_CU(cuCtxGetDevice, &dev);
+  return static_cast<int>(dev);
+}
+
+void set_current_device(int device) {
+  detail::validate_device(device, "gpumem::set_current_device");
+  GPUMEM_CU(cuCtxSetCurrent, detail::primary_context(device));
+}
+
+memory_info device_memory_info(int device) {
+  detail::validate_device(device, "gpumem::device_memory_info");
+  detail::device_context_guard guard(device);
+  memory_info info;
+  GPUMEM_CU(cuMemGetInfo, &info.free_bytes, &info.total_bytes);
+  return info;
+}
+
+std::string device_name(int device) {
+  detail::validate_device(device, "gpumem::device_name");
+  CUdevice dev{};
+  GPUMEM_CU(cuDeviceGet, &dev, device);
+  std::array<char, 256> name{};
+  GPUMEM_CU(cuDeviceGetName, name.data(), static_cast<int>(name.size()), dev);
+  return std::string(name.data());
+}
+
+int driver_version() {
+  int v = 0;
+  GPUMEM_CU(cuDriverGetVersion, &v);
+  return v;
+}
+
+}  // namespace gpumem

@@ -1,0 +1,67 @@
+// The driver seam: one table of CUDA driver entry points, filled by the real
+// driver (cuda_loader.cpp) or by the host simulator (src/sim), and the one way
+// gpumem calls into it (GPUMEM_CU). See entry_points.hpp for the contract.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include <cuda.h>
+
+#include "driver/entry_points.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/export.hpp"
+
+namespace gpumem::detail {
+
+struct driver_api {
+#define GPUMEM_DECLARE_ENTRY(name) decltype(&::name) name = nullptr;
+  GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_DECLARE_ENTRY)
+#undef GPUMEM_DECLARE_ENTRY
+  backend_kind kind = backend_kind::cuda;
+};
+
+// The table of the selected backend; selects it on first use (GPUMEM_BACKEND or
+// select_backend()). Throws driver_unavailable when the backend cannot be used.
+GPUMEM_EXPORT const driver_api& driver();
+
+// Throws gpumem::cuda_error for a failed call. Cold path kept out of line.
+[[noreturn]] GPUMEM_EXPORT void throw_cuda_error(CUresult result, const char* api, const char* file, int line);
+
+inline void check(CUresult result, const char* api, const char* file, int line) {
+  if (result != CUDA_SUCCESS) [[unlikely]] {
+    throw_cuda_error(result, api, file, line);
+  }
+}
+
+// Name and description of a result, from the backend when it can say, else generic.
+GPUMEM_EXPORT std::string_view error_name(CUresult result) noexcept;
+GPUMEM_EXPORT std::string_view error_string(CUresult result) noexcept;
+
+// Makes `device`'s primary context current on this thread for the guard's
+// lifetime and restores the previous one after (like cudaSetDevice, undone).
+class GPUMEM_EXPORT device_context_guard {
+ public:
+  explicit device_context_guard(int device);
+  ~device_context_guard();
+  device_context_guard(const device_context_guard&) = delete;
+  device_context_guard& operator=(const device_context_guard&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
+// The primary context of a device (retained once, held for the process's life).
+GPUMEM_EXPORT CUcontext primary_context(int device);
+// Throws gpumem::logic_error unless 0 <= device < device count.
+GPUMEM_EXPORT void validate_device(int device, const char* where);
+
+}  // namespace gpumem::detail
+
+// In-tree tools and tests call the table too; hence the exports above.
+
+// Calls a driver entry point through the table and throws gpumem::cuda_error,
+// naming the API, the CUDA error and file:line, if it fails.
+#define GPUMEM_CU(fn, ...) \
+  ::gpumem::detail::check(::gpumem::detail::driver().fn(__VA_ARGS__), #fn, __FILE__, __LINE__)

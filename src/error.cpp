@@ -1,0 +1,88 @@
+// The error family (include/gpumem/error.hpp) and the driver-error thrower.
+#include "gpumem/error.hpp"
+
+#include <sstream>
+
+#include "driver/cuda_loader.hpp"
+#include "driver/driver.hpp"
+
+namespace gpumem {
+namespace {
+
+std::string describe(CUresult result, const std::string& api, const std::string& where) {
+  std::ostringstream s;
+  s << api << " failed: " << detail::error_name(result) << " (" << static_cast<int>(result)
+    << "): " << detail::error_string(result);
+  if (!where.empty()) s << " at " << where;
+  return s.str();
+}
+
+std::string human_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::ostringstream s;
+  s.precision(u == 0 ? 0 : 2);
+  s << std::fixed << v << ' ' << units[u];
+  return s.str();
+}
+
+std::string describe(const out_of_memory_info& i) {
+  std::ostringstream s;
+  s << "gpumem: out of memory: " << (i.resource.empty() ? "a resource" : i.resource)
+    << " could not allocate " << i.requested_bytes << " bytes (" << human_bytes(i.requested_bytes)
+    << ") on " << (i.device < 0 ? std::string("the host") : "device " + std::to_string(i.device))
+    << "; the resource holds " << human_bytes(i.resource_held_bytes);
+  if (i.device >= 0 && i.device_total_bytes > 0) {
+    s << "; the device has " << human_bytes(i.device_free_bytes) << " free of "
+      << human_bytes(i.device_total_bytes);
+  }
+  if (!i.reason.empty()) s << "; " << i.reason;
+  return s.str();
+}
+
+}  // namespace
+
+cuda_error::cuda_error(CUresult result, std::string api, std::string file, int line)
+    : std::runtime_error(describe(result, api, file + ":" + std::to_string(line))),
+      result_(result),
+      api_(std::move(api)),
+      file_(std::move(file)),
+      line_(line) {}
+
+cuda_error::cuda_error(CUresult result, std::string api, std::string message)
+    : std::runtime_error(api + ": " + message), result_(result), api_(std::move(api)) {}
+
+out_of_memory::out_of_memory(out_of_memory_info info)
+    : info_(std::move(info)), message_(describe(info_)) {}
+
+namespace detail {
+
+void throw_cuda_error(CUresult result, const char* api, const char* file, int line) {
+  throw cuda_error(result, api, file, line);
+}
+
+std::string_view error_name(CUresult result) noexcept {
+  const char* s = nullptr;
+  try {
+    if (driver().cuGetErrorName(result, &s) == CUDA_SUCCESS && s != nullptr) return s;
+  } catch (...) {
+  }
+  return "CUDA_ERROR_UNKNOWN_CODE";
+}
+
+std::string_view error_string(CUresult result) noexcept {
+  const char* s = nullptr;
+  try {
+    if (driver().cuGetErrorString(result, &s) == CUDA_SUCCESS && s != nullptr) return s;
+  } catch (...) {
+  }
+  return "no description available";
+}
+
+}  // namespace detail
+}  // namespace gpumem

@@ -1,0 +1,69 @@
+// The error family: what each error says, and backend selection's errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "driver/driver.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem::test {
+namespace {
+
+TEST(CudaError, NamesTheApiTheErrorAndTheLine) {
+  // A device ordinal the driver does not have: every backend answers with an error.
+  try {
+    CUdevice dev{};
+    GPUMEM_CU(cuDeviceGet, &dev, 9999);
+    ADD_FAILURE() << "device 9999 exists";
+  } catch (const cuda_error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.api(), "cuDeviceGet");
+    EXPECT_NE(e.result(), CUDA_SUCCESS);
+    EXPECT_NE(what.find("cuDeviceGet"), std::string::npos) << what;
+    EXPECT_NE(what.find("CUDA_ERROR_"), std::string::npos) << what;
+    EXPECT_NE(what.find("error_test.cpp:"), std::string::npos) << what;
+    EXPECT_EQ(e.line(), __LINE__ - 9);
+  }
+}
+
+TEST(OutOfMemory, MessageSaysWhatWasAskedAndWhatIsFree) {
+  out_of_memory e({.requested_bytes = 3u << 30, .device = 1, .resource = "pool",
+                   .resource_held_bytes = 1u << 30, .device_free_bytes = 512u << 20,
+                   .device_total_bytes = 4ull << 30, .reason = "fragmented"});
+  const std::string what = e.what();
+  EXPECT_NE(what.find("3221225472 bytes (3.00 GiB)"), std::string::npos) << what;
+  EXPECT_NE(what.find("device 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("pool"), std::string::npos) << what;
+  EXPECT_NE(what.find("holds 1.00 GiB"), std::string::npos) << what;
+  EXPECT_NE(what.find("512.00 MiB free of 4.00 GiB"), std::string::npos) << what;
+  EXPECT_NE(what.find("fragmented"), std::string::npos) << what;
+  const std::bad_alloc& as_bad_alloc = e;
+  EXPECT_STREQ(as_bad_alloc.what(), e.what());
+}
+
+TEST(Backend, CannotChangeOnceInUse) {
+  const backend_kind in_use = current_backend();
+  EXPECT_EQ(select_backend(in_use == backend_kind::sim ? backend_choice::sim : backend_choice::cuda),
+            in_use);
+  if (in_use == backend_kind::cuda) {
+    EXPECT_THROW(select_backend(backend_choice::sim), logic_error);
+  } else if (cuda_driver_usable()) {
+    EXPECT_THROW(select_backend(backend_choice::cuda), logic_error);
+  }
+}
+
+TEST(Backend, WithoutADriverCudaIsUnavailableWithAReason) {
+  if (cuda_driver_usable()) GTEST_SKIP() << "this machine has a usable CUDA driver";
+  try {
+    select_backend(backend_choice::cuda);
+    ADD_FAILURE() << "selecting cuda without a driver succeeded";
+  } catch (const driver_unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("GPUMEM_BACKEND=sim"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(to_string(backend_kind::sim), "sim");
+  EXPECT_EQ(to_string(backend_kind::cuda), "cuda");
+}
+
+}  // namespace
+}  // namespace gpumem::test

@@ -1,0 +1,174 @@
+// Device-side touching of memory for tests (support/touch.hpp).
+#include "support/touch.hpp"
+
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "driver/driver.hpp"
+#include "gpumem/backend.hpp"
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+#include "support/touch_kernels.hpp"
+#endif
+
+namespace gpumem::test {
+namespace {
+
+enum class method { kernels, host_functions, driver_copies };
+
+method current_method() {
+  if (current_backend() == backend_kind::sim) return method::host_functions;
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+  return method::kernels;
+#else
+  return method::driver_copies;
+#endif
+}
+
+// A host function with captured state, queued on a stream.
+void enqueue_host(stream_view s, std::function<void()> fn) {
+  auto* heap = new std::function<void()>(std::move(fn));
+  CUresult r = detail::driver().cuLaunchHostFunc(
+      s.handle(),
+      [](void* p) {
+        auto* f = static_cast<std::function<void()>*>(p);
+        (*f)();
+        delete f;
+      },
+      heap);
+  if (r != CUDA_SUCCESS) {
+    delete heap;
+    detail::check(r, "cuLaunchHostFunc", __FILE__, __LINE__);
+  }
+}
+
+// The device of a stream, current for launches and copies.
+int stream_device(stream_view s) { return s.device(); }
+
+}  // namespace
+
+const char* touch_method() {
+  switch (current_method()) {
+    case method::kernels: return "CUDA kernels";
+    case method::host_functions: return "simulator host functions";
+    default: return "driver memset/memcpy";
+  }
+}
+
+void device_fill(void* ptr, std::size_t bytes, std::uint8_t value, stream_view s) {
+  switch (current_method()) {
+    case method::host_functions:
+      enqueue_host(s, [=] { std::memset(ptr, value, bytes); });
+      return;
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+    case method::kernels: {
+      detail::device_context_guard g(stream_device(s));
+      kernels::fill(ptr, bytes, value, s.handle());
+      return;
+    }
+#endif
+    default: {
+      detail::device_context_guard g(stream_device(s));
+      GPUMEM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(ptr), value, bytes, s.handle());
+    }
+  }
+}
+
+std::size_t device_count_mismatches(const void* ptr, std::size_t bytes, std::uint8_t value,
+                                    stream_view s) {
+  held_check check(const_cast<void*>(ptr), bytes, value, std::chrono::milliseconds(0), s);
+  return check.mismatches();
+}
+
+struct held_check::impl {
+  stream_view stream;
+  int device = 0;
+  std::size_t host_count = 0;                 // host functions path
+  std::vector<unsigned char> host_copy;       // driver copies path
+  std::uint8_t value = 0;
+  CUdeviceptr device_counter = 0;             // kernels path
+  bool counting_on_device = false;
+};
+
+held_check::held_check(void* ptr, std::size_t bytes, std::uint8_t value,
+                       std::chrono::milliseconds hold, stream_view s)
+    : impl_(std::make_unique<impl>()) {
+  impl& st = *impl_;
+  st.stream = s;
+  st.value = value;
+  const bool fill_first = hold.count() > 0;
+  switch (current_method()) {
+    case method::host_functions: {
+      impl* raw = &st;
+      enqueue_host(s, [=] {
+        if (fill_first) {
+          std::memset(ptr, value, bytes);
+          std::this_thread::sleep_for(hold);
+        }
+        const auto* p = static_cast<const unsigned char*>(ptr);
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < bytes; ++i) n += p[i] != value ? 1 : 0;
+        raw->host_count = n;
+      });
+      return;
+    }
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+    case method::kernels: {
+      st.device = stream_device(s);
+      detail::device_context_guard g(st.device);
+      GPUMEM_CU(cuMemAlloc, &st.device_counter, sizeof(unsigned long long));
+      st.counting_on_device = true;
+      GPUMEM_CU(cuMemsetD8Async, st.device_counter, 0, sizeof(unsigned long long), s.handle());
+      if (fill_first) {
+        kernels::fill(ptr, bytes, value, s.handle());
+        kernels::spin(hold, s.handle());
+      }
+      kernels::count_mismatches(ptr, bytes, value,
+                                reinterpret_cast<unsigned long long*>(st.device_counter),
+                                s.handle());
+      return;
+    }
+#endif
+    default: {
+      st.device = stream_device(s);
+      detail::device_context_guard g(st.device);
+      if (fill_first) {
+        GPUMEM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(ptr), value, bytes, s.handle());
+        enqueue_host(s, [=] { std::this_thread::sleep_for(hold); });
+      }
+      st.host_copy.resize(bytes);
+      GPUMEM_CU(cuMemcpyAsync, reinterpret_cast<CUdeviceptr>(st.host_copy.data()),
+                reinterpret_cast<CUdeviceptr>(ptr), bytes, s.handle());
+    }
+  }
+}
+
+held_check::~held_check() {
+  if (impl_) {  // the queued check still refers to impl_: let it finish first
+    (void)detail::driver().cuStreamSynchronize(impl_->stream.handle());
+  }
+  if (impl_ && impl_->device_counter != 0) {
+    detail::device_context_guard g(impl_->device);
+    (void)detail::driver().cuMemFree(impl_->device_counter);
+  }
+}
+
+std::size_t held_check::mismatches() {
+  impl& st = *impl_;
+  st.stream.synchronize();
+  if (st.counting_on_device) {
+    unsigned long long n = 0;
+    detail::device_context_guard g(st.device);
+    GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(&n), st.device_counter, sizeof(n));
+    return static_cast<std::size_t>(n);
+  }
+  if (!st.host_copy.empty()) {
+    std::size_t n = 0;
+    for (unsigned char c : st.host_copy) n += c != st.value ? 1 : 0;
+    return n;
+  }
+  return st.host_count;
+}
+
+}  // namespace gpumem::test
