@@ -40,7 +40,7 @@ struct cuda_resource::state {
 };
 
 cuda_resource::cuda_resource(int device) : state_(std::make_unique<state>()) {
-  state_->device = device < 0 ? current_device() : device;
+  state_->device = device == -1 ? current_device() : device;
   detail::validate_device(state_->device, "gpumem::cuda_resource");
   state_->device_total_bytes = device_memory_info(state_->device).total_bytes;
 }

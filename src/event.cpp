@@ -9,7 +9,7 @@
 namespace gpumem {
 
 event::event(int device, bool timing) {
-  device_ = device < 0 ? current_device() : device;
+  device_ = device == -1 ? current_device() : device;
   detail::validate_device(device_, "gpumem::event");
   detail::device_context_guard guard(device_);
   GPUMEM_CU(cuEventCreate, &handle_, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING);

@@ -33,7 +33,7 @@ bool stream_view::ready() const {
 void stream_view::wait(const event& e) const { GPUMEM_CU(cuStreamWaitEvent, handle_, e.handle(), 0); }
 
 stream::stream(int device, flags f, int priority) {
-  device_ = device < 0 ? current_device() : device;
+  device_ = device == -1 ? current_device() : device;
   detail::validate_device(device_, "gpumem::stream");
   detail::device_context_guard guard(device_);
   GPUMEM_CU(cuStreamCreateWithPriority, &handle_, static_cast<unsigned>(f), priority);

@@ -23,9 +23,9 @@ TEST(Stream, BelongsToItsDevice) {
 }
 
 TEST(Stream, BadDeviceIsALogicError) {
-  EXPECT_THROW(stream(device_count()), logic_error);
-  EXPECT_THROW(stream(-2), logic_error);  // -1 means the current device; -2 is nothing
-  EXPECT_THROW(event(device_count()), logic_error);
+  EXPECT_THROW(stream{device_count()}, logic_error);
+  EXPECT_THROW(stream{-2}, logic_error);  // -1 means the current device; -2 is nothing
+  EXPECT_THROW(event{device_count()}, logic_error);
 }
 
 TEST(Stream, MovedFromStreamOwnsNothing) {

@@ -36,7 +36,7 @@ TEST(CudaResource, DefaultsToTheCurrentDevice) {
   cuda_resource mr;
   EXPECT_EQ(mr.device(), last);
   set_current_device(before);
-  EXPECT_THROW(cuda_resource(device_count()), logic_error);
+  EXPECT_THROW(cuda_resource{device_count()}, logic_error);
 }
 
 TEST(CudaResource, AllocatesOnItsDeviceWhateverIsCurrent) {

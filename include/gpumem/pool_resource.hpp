@@ -1,0 +1,78 @@
+// pool_resource: a fast, stream-ordered, coalescing sub-allocator over any
+// upstream resource (docs/pool.md).
+//
+// Each stream gets its own arena (free blocks, live allocations, upstream chunks,
+// one lock that only threads using that stream contend for). A block freed on a
+// stream is reusable on that stream at once. Other streams reuse it only after
+// the work queued before the free is ordered before them: arenas fence their
+// frees with an event, recorded once per batch of frees rather than per free,
+// and a stream that takes another arena's memory waits on that event on the
+// device (cuStreamWaitEvent), never on the host.
+//
+// Thread safety: all members may be called concurrently.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "gpumem/export.hpp"
+#include "gpumem/memory_resource.hpp"
+
+namespace gpumem {
+
+struct pool_options {
+  // Reserved from the upstream when the pool is made (0: nothing until first use).
+  std::size_t initial_bytes = 0;
+  // The pool never holds more than this from the upstream (0: no limit but the device).
+  std::size_t maximum_bytes = 0;
+  // Smallest upstream request when an arena grows; growth doubles with the pool's
+  // size up to max_chunk_bytes (docs/pool.md, "Growth").
+  std::size_t min_chunk_bytes = std::size_t{2} << 20;
+  std::size_t max_chunk_bytes = std::size_t{1} << 30;
+  // A stream whose own arena cannot serve a request takes other streams' free
+  // memory (after an event wait on the device) before asking the upstream for more.
+  bool reuse_across_streams = true;
+  // Frees per stream between fence events, and bytes freed that force one sooner.
+  unsigned fence_interval = 32;
+  std::size_t fence_bytes = std::size_t{256} << 20;
+};
+
+struct pool_statistics {
+  std::size_t used_bytes = 0;       // handed out (rounded to the 256-byte granule)
+  std::size_t reserved_bytes = 0;   // held from the upstream
+  std::size_t free_bytes = 0;       // reserved and not handed out
+  std::size_t free_blocks = 0;
+  std::size_t largest_free_block = 0;
+  std::size_t allocations = 0;      // live
+  std::size_t chunks = 0;           // upstream allocations held
+  std::size_t streams = 0;          // arenas
+};
+
+class GPUMEM_EXPORT pool_resource final : public memory_resource {
+ public:
+  // The upstream must outlive the pool (it is not owned).
+  explicit pool_resource(memory_resource& upstream, pool_options options = {});
+  // The pool shares ownership of the upstream.
+  explicit pool_resource(std::shared_ptr<memory_resource> upstream, pool_options options = {});
+  ~pool_resource() override;
+
+  // Returns every fully free upstream chunk whose frees are complete to the
+  // upstream (ordered after those frees on the device, without a host wait).
+  // Returns the bytes released.
+  std::size_t release();
+
+  pool_statistics statistics() const;
+  const pool_options& options() const noexcept;
+  memory_resource& upstream() const noexcept;
+  resource_properties properties() const noexcept override;
+
+ private:
+  void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;
+  void do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
+                     std::size_t alignment) override;
+
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,140 @@
+// Two-level segregated fit (TLSF) index of free blocks: O(1) insert, remove and
+// good-fit search with two bitmaps. A request is rounded up to the next class
+// boundary so that any block found in a class at or above it fits.
+//
+// Classes: sizes below 16 granules get one class per granule; above, each power
+// of two is split into 16 classes (so a found block wastes at most 1/16).
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "pool/block.hpp"
+
+namespace gpumem::detail {
+
+class free_index {
+ public:
+  static constexpr unsigned granule_shift = 8;  // 256-byte granule
+  static constexpr unsigned sl_bits = 4;
+  static constexpr unsigned sl_count = 1U << sl_bits;
+  static constexpr unsigned fl_count = 64 - granule_shift - sl_bits + 1;
+
+  void insert(block* b) noexcept {
+    auto [fl, sl] = class_of(b->size);
+    block*& head = heads_[fl][sl];
+    b->prev_free = nullptr;
+    b->next_free = head;
+    if (head != nullptr) head->prev_free = b;
+    head = b;
+    fl_map_ |= std::uint64_t{1} << fl;
+    sl_map_[fl] |= 1U << sl;
+    ++count_;
+    bytes_ += b->size;
+  }
+
+  void remove(block* b) noexcept {
+    auto [fl, sl] = class_of(b->size);
+    if (b->prev_free != nullptr) {
+      b->prev_free->next_free = b->next_free;
+    } else {
+      heads_[fl][sl] = b->next_free;
+      if (b->next_free == nullptr) {
+        sl_map_[fl] &= ~(1U << sl);
+        if (sl_map_[fl] == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
+      }
+    }
+    if (b->next_free != nullptr) b->next_free->prev_free = b->prev_free;
+    b->prev_free = b->next_free = nullptr;
+    --count_;
+    bytes_ -= b->size;
+  }
+
+  // A free block of at least `size` bytes (a granule multiple), or null. Not removed.
+  // Good fit in O(1); when only the request's own class could hold a fit (a block
+  // of exactly the size asked, say), that one class is scanned.
+  block* find(std::size_t size) const noexcept {
+    if (block* b = find_in_larger_class(size)) return b;
+    auto [fl, sl] = class_of(size);
+    for (block* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
+      if (b->size >= size) return b;
+    }
+    return nullptr;
+  }
+
+ private:
+  block* find_in_larger_class(std::size_t size) const noexcept {
+    auto [fl, sl] = class_of(round_up_to_class(size));
+    if (fl >= fl_count) return nullptr;
+    std::uint32_t sl_map = sl_map_[fl] & (~0U << sl);
+    if (sl_map == 0) {
+      const std::uint64_t fl_map = fl + 1 < 64 ? fl_map_ & (~std::uint64_t{0} << (fl + 1)) : 0;
+      if (fl_map == 0) return nullptr;
+      fl = static_cast<unsigned>(std::countr_zero(fl_map));
+      sl_map = sl_map_[fl];
+    }
+    return heads_[fl][std::countr_zero(sl_map)];
+  }
+
+ public:
+
+  // Every free block in classes that may hold blocks of `size` or more, for the
+  // rare searches that need a property besides size. Visits until f returns true.
+  template <class F>
+  block* find_if(std::size_t size, F&& accept) const {
+    auto [fl0, sl0] = class_of(size);
+    for (unsigned fl = fl0; fl < fl_count; ++fl) {
+      if ((fl_map_ >> fl & 1U) == 0) continue;
+      for (unsigned sl = fl == fl0 ? sl0 : 0; sl < sl_count; ++sl) {
+        for (block* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
+          if (b->size >= size && accept(b)) return b;
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  // The largest free block (exact: scans only the top non-empty class).
+  std::size_t largest() const noexcept {
+    if (fl_map_ == 0) return 0;
+    const unsigned fl = 63U - static_cast<unsigned>(std::countl_zero(fl_map_));
+    const unsigned sl = 31U - static_cast<unsigned>(std::countl_zero(sl_map_[fl]));
+    std::size_t best = 0;
+    for (block* b = heads_[fl][sl]; b != nullptr; b = b->next_free) best = b->size > best ? b->size : best;
+    return best;
+  }
+
+  std::size_t count() const noexcept { return count_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  struct slot {
+    unsigned fl;
+    unsigned sl;
+  };
+  static slot class_of(std::size_t size) noexcept {
+    const std::size_t granules = size >> granule_shift;
+    if (granules < sl_count) return {0, static_cast<unsigned>(granules)};
+    const unsigned msb = 63U - static_cast<unsigned>(std::countl_zero(granules));
+    const unsigned sl = static_cast<unsigned>(granules >> (msb - sl_bits)) ^ sl_count;
+    return {msb - sl_bits + 1, sl};
+  }
+  static std::size_t round_up_to_class(std::size_t size) noexcept {
+    const std::size_t granules = size >> granule_shift;
+    if (granules < sl_count) return size;
+    const unsigned msb = 63U - static_cast<unsigned>(std::countl_zero(granules));
+    const std::size_t step = std::size_t{1} << (msb - sl_bits + granule_shift);
+    const std::size_t rounded = (size + step - 1) & ~(step - 1);
+    return rounded < size ? size : rounded;  // overflow: the search then finds nothing larger
+  }
+
+  std::uint64_t fl_map_ = 0;
+  std::array<std::uint32_t, fl_count> sl_map_{};
+  std::array<std::array<block*, sl_count>, fl_count> heads_{};
+  std::size_t count_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace gpumem::detail

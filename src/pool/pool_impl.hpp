@@ -1,0 +1,73 @@
+// pool_resource's state and the operations its fast and slow paths share
+// (pool_resource.cpp: the hot path; pool_reclaim.cpp: growth, stealing,
+// reclaiming and release). Read arena.hpp's note on fencing first.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumem/pool_resource.hpp"
+#include "pool/arena.hpp"
+
+namespace gpumem {
+
+struct pool_resource::impl {
+  static constexpr std::size_t granule = std::size_t{1} << detail::free_index::granule_shift;
+
+  impl(memory_resource& up, std::shared_ptr<memory_resource> owned, pool_options opt);
+  ~impl();
+
+  // ---- arenas ----
+  detail::arena& arena_for(stream_view s);
+  detail::arena& create_arena(std::uintptr_t key, CUstream s);
+
+  // ---- block operations; the arena's lock is held ----
+  void* carve(detail::arena& a, detail::block* b, std::size_t size, std::size_t requested,
+              std::size_t alignment, bool in_index);
+  void free_into(detail::arena& a, detail::block* b, std::uint64_t epoch);
+  void note_free(detail::arena& a, std::size_t bytes);
+  void record_fence(detail::arena& a);
+
+  // ---- slow paths (pool_reclaim.cpp); no lock held on entry ----
+  void* allocate_slow(detail::arena& a, std::size_t size, std::size_t requested,
+                      std::size_t alignment, std::size_t need);
+  void deallocate_foreign(detail::arena& caller, void* ptr, std::size_t bytes);
+  bool absorb_pending(detail::arena& a);
+  void* take_from_other_arenas(detail::arena& a, std::size_t size, std::size_t requested,
+                               std::size_t alignment, std::size_t need);
+  bool grow(detail::arena& a, std::size_t need);
+  void synchronize_and_fence_everything();
+  std::size_t release_chunks(bool device_synchronized);
+  [[noreturn]] void throw_out_of_memory(std::size_t requested);
+  pool_statistics collect() const;
+  void wait_for(detail::arena& waiter, const detail::arena& freed_on);
+
+  void add_chunk(detail::arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch);
+  CUstream maintenance_stream();
+
+  memory_resource* upstream;
+  std::shared_ptr<memory_resource> owned_upstream;
+  pool_options opt;
+  int device;
+  std::uint64_t id;
+
+  mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
+  std::unordered_map<std::uintptr_t, std::unique_ptr<detail::arena>> arenas;
+
+  // Lock order: arenas_mutex, then chunks_mutex, then arena locks (one at a time).
+  mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner
+  std::map<std::uintptr_t, std::unique_ptr<detail::chunk>> chunks;  // by base address
+  std::atomic<std::size_t> reserved_bytes{0};
+
+  std::mutex maintenance_mutex;
+  CUstream maintenance = nullptr;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,367 @@
+// pool_resource's slow paths: frees on another stream than the allocation's,
+// absorbing them, taking other streams' free memory, growing from the upstream,
+// and, when memory is short, making every free complete and giving chunks back.
+// arena.hpp's note on fencing says why each step is safe.
+#include <algorithm>
+#include <bit>
+#include <sstream>
+#include <tuple>
+
+#include "driver/driver.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "pool/pool_impl.hpp"
+
+namespace gpumem {
+
+using detail::arena;
+using detail::block;
+using detail::chunk;
+
+void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t requested,
+                                         std::size_t alignment, std::size_t need) {
+  auto try_own = [&]() -> void* {
+    std::lock_guard lock(a.lock);
+    block* b = a.free.find(need);
+    return b != nullptr ? carve(a, b, size, requested, alignment, true) : nullptr;
+  };
+  // 1. Blocks other streams freed back to this arena.
+  if (absorb_pending(a)) {
+    if (void* p = try_own()) return p;
+  }
+  // 2. Other streams' free memory, ordered by an event wait on the device.
+  if (opt.reuse_across_streams) {
+    if (void* p = take_from_other_arenas(a, size, requested, alignment, need)) return p;
+  }
+  // 3. More from the upstream.
+  if (grow(a, need)) {
+    if (void* p = try_own()) return p;
+  }
+  // 4. Memory is short: make every free complete (one device synchronisation,
+  //    off the hot path), give fully free chunks back, and try everything again.
+  synchronize_and_fence_everything();
+  if (void* p = try_own()) return p;
+  if (void* p = take_from_other_arenas(a, size, requested, alignment, need)) return p;
+  release_chunks(true);
+  if (grow(a, need)) {
+    if (void* p = try_own()) return p;
+  }
+  throw_out_of_memory(requested);
+}
+
+void pool_resource::impl::deallocate_foreign(arena& caller, void* ptr, std::size_t bytes) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  arena* owner = nullptr;
+  {
+    std::shared_lock dir(chunks_mutex);
+    auto it = chunks.upper_bound(address);
+    if (it != chunks.begin()) {
+      --it;
+      if (address < it->first + it->second->size) owner = it->second->owner;
+    }
+  }
+  auto not_ours = [&] {
+    std::ostringstream s;
+    s << "gpumem::pool_resource::deallocate: pointer " << ptr
+      << " was not allocated by this pool, or was already freed";
+    return logic_error(s.str());
+  };
+  if (owner == nullptr || owner == &caller) throw not_ours();  // caller's own live map missed it
+  {
+    std::lock_guard lock(owner->lock);
+    block* b = owner->live.find(address);
+    if (b == nullptr) throw not_ours();
+    if (b->requested_bytes != bytes) {
+      throw logic_error("gpumem::pool_resource::deallocate: the allocation has " +
+                        std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
+    }
+  }
+  {
+    // Order the free after the caller's stream's work so far.
+    std::lock_guard lock(caller.lock);
+    record_fence(caller);
+  }
+  std::lock_guard lock(owner->lock);
+  block* b = owner->live.erase(address);
+  if (b == nullptr) throw not_ours();  // freed by another thread meanwhile
+  owner->used_bytes -= b->size;
+  owner->pending.push_back({b, &caller, ++owner->pending_sequence});
+}
+
+void pool_resource::impl::wait_for(arena& waiter, const arena& freed_on) {
+  if (freed_on.fence == nullptr) return;  // never recorded: nothing it freed was used
+  detail::device_context_guard guard(device);
+  GPUMEM_CU(cuStreamWaitEvent, waiter.stream, freed_on.fence, 0);
+}
+
+bool pool_resource::impl::absorb_pending(arena& a) {
+  std::vector<arena*> freed_on;
+  std::uint64_t upto = 0;
+  {
+    std::lock_guard lock(a.lock);
+    if (a.pending.empty()) return false;
+    upto = a.pending_sequence;
+    for (const auto& pf : a.pending) {
+      if (std::find(freed_on.begin(), freed_on.end(), pf.freed_on) == freed_on.end()) {
+        freed_on.push_back(pf.freed_on);
+      }
+    }
+  }
+  for (arena* u : freed_on) wait_for(a, *u);
+  std::lock_guard lock(a.lock);
+  bool absorbed = false;
+  for (std::size_t i = 0; i < a.pending.size();) {
+    if (a.pending[i].sequence <= upto) {
+      free_into(a, a.pending[i].freed, ++a.frees);
+      a.pending[i] = a.pending.back();
+      a.pending.pop_back();
+      absorbed = true;
+    } else {
+      ++i;
+    }
+  }
+  if (absorbed) record_fence(a);  // the absorbed blocks become usable by others too
+  return absorbed;
+}
+
+void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, std::size_t requested,
+                                                  std::size_t alignment, std::size_t need) {
+  std::vector<arena*> others;
+  {
+    std::shared_lock lock(arenas_mutex);
+    for (auto& [key, other] : arenas) {
+      if (other.get() != &a) others.push_back(other.get());
+    }
+  }
+  // (a) A whole free, fenced chunk changes owner: no lasting tie between the streams.
+  for (arena* s : others) {
+    chunk* moved = nullptr;
+    {
+      std::unique_lock dir(chunks_mutex);
+      std::lock_guard lock(s->lock);
+      for (std::size_t i = 0; i < s->chunks.size(); ++i) {
+        chunk* c = s->chunks[i];
+        block* f = c->first;
+        if (f->free && f->next_in_chunk == nullptr && c->size >= need && s->is_fenced(f)) {
+          s->free.remove(f);
+          s->chunks[i] = s->chunks.back();
+          s->chunks.pop_back();
+          s->reserved_bytes -= c->size;
+          c->owner = &a;
+          moved = c;
+          break;
+        }
+      }
+    }
+    if (moved != nullptr) {
+      wait_for(a, *s);
+      std::lock_guard lock(a.lock);
+      // Block records may change arenas: slab pages live as long as the pool.
+      a.chunks.push_back(moved);
+      a.reserved_bytes += moved->size;
+      free_into(a, moved->first, ++a.frees);
+      block* fit = a.free.find(need);
+      return carve(a, fit, size, requested, alignment, true);
+    }
+  }
+  // (b) Lend a fenced free block: it stays in its chunk's arena, handed out to this stream.
+  for (arena* s : others) {
+    void* p = nullptr;
+    {
+      std::lock_guard lock(s->lock);
+      block* b = s->free.find_if(need, [s](const block* x) { return s->is_fenced(x); });
+      if (b != nullptr) p = carve(*s, b, size, requested, alignment, true);
+    }
+    if (p != nullptr) {
+      wait_for(a, *s);
+      return p;
+    }
+  }
+  // (c) A block another stream freed that its owner has not absorbed yet, taken whole.
+  for (arena* s : others) {
+    block* taken = nullptr;
+    arena* freed_on = nullptr;
+    {
+      std::lock_guard lock(s->lock);
+      for (std::size_t i = 0; i < s->pending.size(); ++i) {
+        block* b = s->pending[i].freed;
+        if (b->size >= size && b->address % alignment == 0) {
+          taken = b;
+          freed_on = s->pending[i].freed_on;
+          s->pending[i] = s->pending.back();
+          s->pending.pop_back();
+          taken->requested_bytes = requested;
+          s->live.insert(taken->address, taken);
+          s->used_bytes += taken->size;
+          break;
+        }
+      }
+    }
+    if (taken != nullptr) {
+      wait_for(a, *freed_on);
+      return reinterpret_cast<void*>(taken->address);
+    }
+  }
+  return nullptr;
+}
+
+bool pool_resource::impl::grow(arena& a, std::size_t need) {
+  const std::size_t held = reserved_bytes.load(std::memory_order_relaxed);
+  std::size_t preferred = std::clamp(std::bit_ceil(std::max<std::size_t>(held, 1)),
+                                     opt.min_chunk_bytes, opt.max_chunk_bytes);
+  const std::size_t need_chunks = (need + opt.min_chunk_bytes - 1) / opt.min_chunk_bytes * opt.min_chunk_bytes;
+  preferred = std::max(preferred, need_chunks);
+  std::size_t tried = 0;
+  for (std::size_t bytes : {preferred, need_chunks, need}) {
+    if (bytes == tried) continue;
+    tried = bytes;
+    const std::size_t before = reserved_bytes.fetch_add(bytes);
+    if (opt.maximum_bytes != 0 && before + bytes > opt.maximum_bytes) {
+      reserved_bytes.fetch_sub(bytes);
+      continue;
+    }
+    void* p = nullptr;
+    try {
+      p = upstream->allocate(bytes, stream_view(a.stream));
+    } catch (const out_of_memory&) {
+      reserved_bytes.fetch_sub(bytes);
+      continue;
+    } catch (...) {
+      reserved_bytes.fetch_sub(bytes);
+      throw;
+    }
+    // Stream-ordered upstreams make the memory valid in a.stream's order: the new
+    // block counts as freed on a.stream, so other streams need the next fence.
+    std::uint64_t epoch = 0;
+    {
+      std::lock_guard lock(a.lock);
+      epoch = ++a.frees;
+    }
+    add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, epoch);
+    return true;
+  }
+  return false;
+}
+
+void pool_resource::impl::synchronize_and_fence_everything() {
+  std::vector<std::tuple<arena*, std::uint64_t, std::uint64_t>> before;
+  {
+    std::shared_lock lock(arenas_mutex);
+    for (auto& [key, a] : arenas) {
+      std::lock_guard g(a->lock);
+      before.emplace_back(a.get(), a->frees, a->pending_sequence);
+    }
+  }
+  {
+    detail::device_context_guard guard(device);
+    GPUMEM_CU(cuCtxSynchronize);
+  }
+  // Everything freed before the synchronisation is complete: fenced for everyone.
+  for (auto [a, frees, pending_upto] : before) {
+    std::lock_guard g(a->lock);
+    a->fenced_frees = std::max(a->fenced_frees, frees);
+    for (std::size_t i = 0; i < a->pending.size();) {
+      if (a->pending[i].sequence <= pending_upto) {
+        free_into(*a, a->pending[i].freed, frees);
+        a->pending[i] = a->pending.back();
+        a->pending.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+}
+
+CUstream pool_resource::impl::maintenance_stream() {
+  std::lock_guard lock(maintenance_mutex);
+  if (maintenance == nullptr) {
+    detail::device_context_guard guard(device);
+    GPUMEM_CU(cuStreamCreate, &maintenance, CU_STREAM_NON_BLOCKING);
+  }
+  return maintenance;
+}
+
+std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
+  struct victim {
+    std::unique_ptr<chunk> c;
+    CUevent fence;
+  };
+  std::vector<victim> victims;
+  {
+    std::shared_lock arenas_lock(arenas_mutex);
+    std::unique_lock dir(chunks_mutex);
+    for (auto& [key, a] : arenas) {
+      std::lock_guard g(a->lock);
+      for (std::size_t i = 0; i < a->chunks.size();) {
+        chunk* c = a->chunks[i];
+        block* f = c->first;
+        if (f->free && f->next_in_chunk == nullptr && (device_synchronized || a->is_fenced(f))) {
+          a->free.remove(f);
+          a->slab.recycle(f);
+          a->reserved_bytes -= c->size;
+          a->chunks[i] = a->chunks.back();
+          a->chunks.pop_back();
+          auto node = chunks.extract(c->base);
+          victims.push_back({std::move(node.mapped()), device_synchronized ? nullptr : a->fence});
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+  std::size_t released = 0;
+  for (victim& v : victims) {
+    void* base = reinterpret_cast<void*>(v.c->base);
+    if (v.fence != nullptr) {
+      // Ordered after the frees on the device; the host does not wait.
+      CUstream ms = maintenance_stream();
+      GPUMEM_CU(cuStreamWaitEvent, ms, v.fence, 0);
+      upstream->deallocate(base, v.c->size, stream_view(ms));
+    } else {
+      upstream->deallocate_sync(base, v.c->size);
+    }
+    reserved_bytes.fetch_sub(v.c->size);
+    released += v.c->size;
+  }
+  return released;
+}
+
+pool_statistics pool_resource::impl::collect() const {
+  pool_statistics s;
+  std::shared_lock lock(arenas_mutex);
+  for (auto& [key, a] : arenas) {
+    std::lock_guard g(a->lock);
+    s.used_bytes += a->used_bytes;
+    s.reserved_bytes += a->reserved_bytes;
+    s.free_bytes += a->free.bytes();
+    s.free_blocks += a->free.count();
+    s.largest_free_block = std::max(s.largest_free_block, a->free.largest());
+    s.allocations += a->live.size();
+    s.chunks += a->chunks.size();
+    for (const auto& pf : a->pending) {
+      s.free_bytes += pf.freed->size;
+      ++s.free_blocks;
+    }
+  }
+  s.streams = arenas.size();
+  return s;
+}
+
+void pool_resource::impl::throw_out_of_memory(std::size_t requested) {
+  const pool_statistics s = collect();
+  const memory_info m = device_memory_info(device);
+  std::ostringstream why;
+  why << "the pool holds " << s.reserved_bytes << " bytes from its upstream, " << s.free_bytes
+      << " of them free, the largest free block " << s.largest_free_block << " bytes";
+  if (opt.maximum_bytes != 0) why << ", maximum_bytes " << opt.maximum_bytes;
+  why << "; the upstream could not provide more";
+  if (s.free_bytes >= requested) {
+    why << ". Enough memory is free in the pool but scattered (fragmentation): "
+           "a virtual-memory pool maps scattered free memory into one range";
+  }
+  throw out_of_memory({.requested_bytes = requested, .device = device, .resource = "pool_resource",
+                       .resource_held_bytes = s.reserved_bytes, .device_free_bytes = m.free_bytes,
+                       .device_total_bytes = m.total_bytes, .reason = why.str()});
+}
+
+}  // namespace gpumem

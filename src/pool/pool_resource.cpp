@@ -1,0 +1,295 @@
+// pool_resource: construction, the hot path (allocate and free on a stream's own
+// arena), block splitting and coalescing, and statistics.
+#include "gpumem/pool_resource.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "driver/driver.hpp"
+#include "gpumem/error.hpp"
+#include "pool/pool_impl.hpp"
+
+namespace gpumem {
+namespace {
+
+std::atomic<std::uint64_t> next_pool_id{1};
+
+// The last arena this thread used, so the hot path finds it with two compares.
+struct arena_cache {
+  std::uint64_t pool_id = 0;
+  std::uintptr_t key = 0;
+  detail::arena* arena = nullptr;
+};
+thread_local arena_cache last_arena;
+thread_local char per_thread_stream_tag;
+
+// Arena key: the stream handle, with the two default streams made explicit.
+// The per-thread default stream is a different stream on every thread.
+std::uintptr_t key_of(CUstream s) noexcept {
+  if (s == nullptr || s == CU_STREAM_LEGACY) return reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY);
+  if (s == CU_STREAM_PER_THREAD) return reinterpret_cast<std::uintptr_t>(&per_thread_stream_tag) | 3U;
+  return reinterpret_cast<std::uintptr_t>(s);
+}
+
+std::string hex(const void* p) {
+  std::ostringstream s;
+  s << p;
+  return s.str();
+}
+
+}  // namespace
+
+pool_resource::impl::impl(memory_resource& up, std::shared_ptr<memory_resource> owned, pool_options o)
+    : upstream(&up), owned_upstream(std::move(owned)), opt(o), id(next_pool_id.fetch_add(1)) {
+  const resource_properties props = up.properties();
+  if (props.device < 0 || !props.device_accessible) {
+    throw logic_error("gpumem::pool_resource: the upstream must hand out device memory");
+  }
+  device = props.device;
+  if (opt.fence_interval == 0) throw logic_error("gpumem::pool_resource: fence_interval must be at least 1");
+  if (opt.min_chunk_bytes < granule || opt.max_chunk_bytes < opt.min_chunk_bytes) {
+    throw logic_error("gpumem::pool_resource: need 256 <= min_chunk_bytes <= max_chunk_bytes");
+  }
+  if (opt.maximum_bytes != 0 && opt.initial_bytes > opt.maximum_bytes) {
+    throw logic_error("gpumem::pool_resource: initial_bytes exceeds maximum_bytes");
+  }
+  opt.min_chunk_bytes = (opt.min_chunk_bytes + granule - 1) & ~(granule - 1);
+  if (opt.initial_bytes > 0) {
+    // Allocated synchronously: usable by every stream, so its blocks start fenced (epoch 0).
+    const std::size_t bytes = (opt.initial_bytes + granule - 1) & ~(granule - 1);
+    void* p = upstream->allocate_sync(bytes);
+    detail::arena& a = create_arena(key_of(CU_STREAM_LEGACY), CU_STREAM_LEGACY);
+    add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, 0);
+  }
+}
+
+pool_resource::impl::~impl() {
+  std::size_t live_count = 0;
+  std::size_t live_bytes = 0;
+  for (auto& [key, a] : arenas) {
+    live_count += a->live.size();
+    live_bytes += a->used_bytes;
+  }
+  if (live_count != 0) {
+    std::fprintf(stderr, "gpumem: pool_resource on device %d destroyed with %zu live allocation(s), %zu bytes; "
+                 "returning their memory to the upstream\n", device, live_count, live_bytes);
+  }
+  try {
+    // Every free must be complete before chunks go back upstream.
+    detail::device_context_guard guard(device);
+    GPUMEM_CU(cuCtxSynchronize);
+    for (auto& [base, c] : chunks) upstream->deallocate_sync(reinterpret_cast<void*>(base), c->size);
+    for (auto& [key, a] : arenas) {
+      if (a->fence != nullptr) (void)detail::driver().cuEventDestroy(a->fence);
+    }
+    if (maintenance != nullptr) (void)detail::driver().cuStreamDestroy(maintenance);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpumem: pool_resource teardown: %s\n", e.what());
+  }
+}
+
+detail::arena& pool_resource::impl::arena_for(stream_view s) {
+  const std::uintptr_t key = key_of(s.handle());
+  arena_cache& cache = last_arena;
+  if (cache.pool_id == id && cache.key == key) [[likely]] {
+    return *cache.arena;
+  }
+  detail::arena* found = nullptr;
+  {
+    std::shared_lock lock(arenas_mutex);
+    auto it = arenas.find(key);
+    if (it != arenas.end()) found = it->second.get();
+  }
+  if (found == nullptr) found = &create_arena(key, s.handle());
+  cache = {id, key, found};
+  return *found;
+}
+
+detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s) {
+  CUstream normalized = s == nullptr ? CU_STREAM_LEGACY : s;
+  {
+    // A stream of another device would order nothing useful: refuse it once, here.
+    detail::device_context_guard guard(device);
+    CUdevice dev{};
+    GPUMEM_CU(cuStreamGetDevice, normalized, &dev);
+    if (static_cast<int>(dev) != device) {
+      throw logic_error("gpumem::pool_resource: the stream belongs to device " + std::to_string(dev) +
+                        ", the pool to device " + std::to_string(device));
+    }
+  }
+  std::unique_lock lock(arenas_mutex);
+  auto& slot = arenas[key];
+  if (!slot) slot = std::make_unique<detail::arena>(normalized);
+  return *slot;
+}
+
+void* pool_resource::impl::carve(detail::arena& a, detail::block* b, std::size_t size,
+                                 std::size_t requested, std::size_t alignment, bool in_index) {
+  if (in_index) a.free.remove(b);
+  const std::uintptr_t aligned = (b->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
+  if (aligned != b->address) {
+    // Leave the misaligned front as a free block of its own.
+    detail::block* front = a.slab.make();
+    front->address = b->address;
+    front->size = aligned - b->address;
+    front->owner = b->owner;
+    front->free = true;
+    front->free_epoch = b->free_epoch;
+    front->prev_in_chunk = b->prev_in_chunk;
+    front->next_in_chunk = b;
+    if (b->prev_in_chunk != nullptr) b->prev_in_chunk->next_in_chunk = front;
+    else b->owner->first = front;
+    b->prev_in_chunk = front;
+    b->address = aligned;
+    b->size -= front->size;
+    a.free.insert(front);
+  }
+  if (b->size - size >= granule) {
+    detail::block* tail = a.slab.make();
+    tail->address = b->address + size;
+    tail->size = b->size - size;
+    tail->owner = b->owner;
+    tail->free = true;
+    tail->free_epoch = b->free_epoch;
+    tail->prev_in_chunk = b;
+    tail->next_in_chunk = b->next_in_chunk;
+    if (b->next_in_chunk != nullptr) b->next_in_chunk->prev_in_chunk = tail;
+    b->next_in_chunk = tail;
+    b->size = size;
+    a.free.insert(tail);
+  }
+  b->free = false;
+  b->requested_bytes = requested;
+  a.live.insert(b->address, b);
+  a.used_bytes += b->size;
+  return reinterpret_cast<void*>(b->address);
+}
+
+void pool_resource::impl::free_into(detail::arena& a, detail::block* b, std::uint64_t epoch) {
+  b->free = true;
+  b->free_epoch = epoch;
+  // Coalesce with free neighbours: they belong to the same chunk, so to this arena.
+  if (detail::block* next = b->next_in_chunk; next != nullptr && next->free) {
+    a.free.remove(next);
+    b->size += next->size;
+    b->free_epoch = std::max(b->free_epoch, next->free_epoch);
+    b->next_in_chunk = next->next_in_chunk;
+    if (next->next_in_chunk != nullptr) next->next_in_chunk->prev_in_chunk = b;
+    a.slab.recycle(next);
+  }
+  if (detail::block* prev = b->prev_in_chunk; prev != nullptr && prev->free) {
+    a.free.remove(prev);
+    prev->size += b->size;
+    prev->free_epoch = std::max(prev->free_epoch, b->free_epoch);
+    prev->next_in_chunk = b->next_in_chunk;
+    if (b->next_in_chunk != nullptr) b->next_in_chunk->prev_in_chunk = prev;
+    a.slab.recycle(b);
+    b = prev;
+  }
+  a.free.insert(b);
+}
+
+void pool_resource::impl::note_free(detail::arena& a, std::size_t bytes) {
+  ++a.unfenced_count;
+  a.unfenced_bytes += bytes;
+  if (a.unfenced_count >= opt.fence_interval || a.unfenced_bytes >= opt.fence_bytes) {
+    record_fence(a);
+  }
+}
+
+void pool_resource::impl::record_fence(detail::arena& a) {
+  detail::device_context_guard guard(device);  // the default streams are the current context's
+  if (a.fence == nullptr) GPUMEM_CU(cuEventCreate, &a.fence, CU_EVENT_DISABLE_TIMING);
+  GPUMEM_CU(cuEventRecord, a.fence, a.stream);
+  a.fenced_frees = a.frees;
+  a.unfenced_count = 0;
+  a.unfenced_bytes = 0;
+}
+
+void pool_resource::impl::add_chunk(detail::arena& a, std::uintptr_t base, std::size_t bytes,
+                                    std::uint64_t epoch) {
+  auto c = std::make_unique<detail::chunk>();
+  c->base = base;
+  c->size = bytes;
+  detail::chunk* raw = c.get();
+  {
+    std::unique_lock dir(chunks_mutex);
+    raw->owner = &a;
+    chunks.emplace(base, std::move(c));
+  }
+  std::lock_guard lock(a.lock);
+  detail::block* b = a.slab.make();
+  b->address = base;
+  b->size = bytes;
+  b->owner = raw;
+  raw->first = b;
+  a.chunks.push_back(raw);
+  a.reserved_bytes += bytes;
+  free_into(a, b, epoch);
+}
+
+// ---------------------------------------------------------------------------
+
+pool_resource::pool_resource(memory_resource& upstream, pool_options options)
+    : impl_(std::make_unique<impl>(upstream, nullptr, options)) {}
+
+pool_resource::pool_resource(std::shared_ptr<memory_resource> upstream, pool_options options) {
+  if (!upstream) throw logic_error("gpumem::pool_resource: null upstream");
+  memory_resource& up = *upstream;
+  impl_ = std::make_unique<impl>(up, std::move(upstream), options);
+}
+
+pool_resource::~pool_resource() = default;
+
+void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  impl& p = *impl_;
+  detail::arena& a = p.arena_for(stream);
+  const std::size_t size = (bytes + impl::granule - 1) & ~(impl::granule - 1);
+  const std::size_t need = alignment > impl::granule ? size + alignment - impl::granule : size;
+  {
+    std::lock_guard lock(a.lock);
+    if (detail::block* b = a.free.find(need)) [[likely]] {
+      return p.carve(a, b, size, bytes, alignment, true);
+    }
+  }
+  return p.allocate_slow(a, size, bytes, alignment, need);
+}
+
+void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
+                                  std::size_t /*alignment*/) {
+  impl& p = *impl_;
+  detail::arena& a = p.arena_for(stream);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  {
+    std::lock_guard lock(a.lock);
+    if (detail::block* b = a.live.find(address)) [[likely]] {
+      if (b->requested_bytes != bytes) {
+        throw logic_error("gpumem::pool_resource::deallocate: pointer " + hex(ptr) + " has " +
+                          std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
+      }
+      a.live.erase(address);
+      a.used_bytes -= b->size;
+      const std::size_t size = b->size;
+      p.free_into(a, b, ++a.frees);
+      p.note_free(a, size);
+      return;
+    }
+  }
+  p.deallocate_foreign(a, ptr, bytes);
+}
+
+std::size_t pool_resource::release() { return impl_->release_chunks(false); }
+
+pool_statistics pool_resource::statistics() const { return impl_->collect(); }
+
+const pool_options& pool_resource::options() const noexcept { return impl_->opt; }
+
+memory_resource& pool_resource::upstream() const noexcept { return *impl_->upstream; }
+
+resource_properties pool_resource::properties() const noexcept {
+  return {.device = impl_->device, .device_accessible = true, .host_accessible = false,
+          .thread_safe = true};
+}
+
+}  // namespace gpumem
