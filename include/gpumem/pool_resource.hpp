@@ -56,10 +56,13 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
   explicit pool_resource(std::shared_ptr<memory_resource> upstream, pool_options options = {});
   ~pool_resource() override;
 
-  // Returns every fully free upstream chunk whose frees are complete to the
-  // upstream (ordered after those frees on the device, without a host wait).
-  // Returns the bytes released.
+  // Gives every fully free upstream chunk back to the upstream. Waits for the
+  // device once (cuCtxSynchronize) so that every free is complete. Returns bytes.
   std::size_t release();
+  // Gives back the fully free chunks whose frees are already fenced (see
+  // docs/pool.md), ordered after those frees on the device: the host never waits.
+  // Returns bytes.
+  std::size_t trim();
 
   pool_statistics statistics() const;
   const pool_options& options() const noexcept;

@@ -279,7 +279,12 @@ void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
   p.deallocate_foreign(a, ptr, bytes);
 }
 
-std::size_t pool_resource::release() { return impl_->release_chunks(false); }
+std::size_t pool_resource::release() {
+  impl_->synchronize_and_fence_everything();
+  return impl_->release_chunks(true);
+}
+
+std::size_t pool_resource::trim() { return impl_->release_chunks(false); }
 
 pool_statistics pool_resource::statistics() const { return impl_->collect(); }
 
