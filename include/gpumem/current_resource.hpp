@@ -1,0 +1,26 @@
+// The resource each device's memory comes from when a caller names none: what
+// device_buffer, the Python package and the Numba/CuPy/PyTorch hooks use.
+//
+// Default, made on first use per device: a pool_resource over a cuda_resource of
+// that device (docs/current-resource.md). Thread-safe: getting and setting may race
+// with each other and with allocations through the previous resource, which stays
+// alive while anyone holds it.
+#pragma once
+
+#include <memory>
+
+#include "gpumem/export.hpp"
+#include "gpumem/memory_resource.hpp"
+
+namespace gpumem {
+
+// The current resource of `device` (-1: the current device).
+GPUMEM_EXPORT std::shared_ptr<memory_resource> get_current_resource(int device = -1);
+
+// Makes `resource` current for `device` (-1: the current device) and returns the
+// previous one. A null resource restores the default. The resource must hand out
+// memory of that device: logic_error otherwise.
+GPUMEM_EXPORT std::shared_ptr<memory_resource> set_current_resource(
+    int device, std::shared_ptr<memory_resource> resource);
+
+}  // namespace gpumem

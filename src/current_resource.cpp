@@ -1,0 +1,66 @@
+// Per-device current resource (include/gpumem/current_resource.hpp).
+#include "gpumem/current_resource.hpp"
+
+#include <array>
+#include <mutex>
+#include <string>
+
+#include "driver/driver.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
+
+namespace gpumem {
+namespace {
+
+constexpr int max_devices = 64;
+
+struct registry {
+  std::mutex mutex;
+  std::array<std::shared_ptr<memory_resource>, max_devices> current;
+};
+
+// Leaked on purpose: resources may be released by other static destructors
+// (Python's interpreter teardown, say) after this would have been destroyed.
+registry& the_registry() {
+  static auto* r = new registry;
+  return *r;
+}
+
+int resolve(int device, const char* where) {
+  const int d = device == -1 ? current_device() : device;
+  detail::validate_device(d, where);
+  return d;
+}
+
+std::shared_ptr<memory_resource> make_default(int device) {
+  return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device));
+}
+
+}  // namespace
+
+std::shared_ptr<memory_resource> get_current_resource(int device) {
+  const int d = resolve(device, "gpumem::get_current_resource");
+  registry& r = the_registry();
+  std::lock_guard lock(r.mutex);
+  if (!r.current[d]) r.current[d] = make_default(d);
+  return r.current[d];
+}
+
+std::shared_ptr<memory_resource> set_current_resource(int device,
+                                                      std::shared_ptr<memory_resource> resource) {
+  const int d = resolve(device, "gpumem::set_current_resource");
+  if (resource && resource->properties().device != d) {
+    throw logic_error("gpumem::set_current_resource: the resource hands out memory of device " +
+                      std::to_string(resource->properties().device) + ", not of device " +
+                      std::to_string(d));
+  }
+  registry& r = the_registry();
+  std::lock_guard lock(r.mutex);
+  std::shared_ptr<memory_resource> previous = std::move(r.current[d]);
+  r.current[d] = std::move(resource);  // null: the default is made again on next use
+  return previous;
+}
+
+}  // namespace gpumem
