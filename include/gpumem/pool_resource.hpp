@@ -63,6 +63,9 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
   // docs/pool.md), ordered after those frees on the device: the host never waits.
   // Returns bytes.
   std::size_t trim();
+  // The same, after fencing the frees made so far on `stream` (the caller's stream
+  // is alive; the pool never records on a stream it is not handed).
+  std::size_t trim(stream_view stream);
 
   pool_statistics statistics() const;
   const pool_options& options() const noexcept;

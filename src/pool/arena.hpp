@@ -7,8 +7,9 @@
 // wait (on the device) for an event recorded on S after the free. RMM records an
 // event on every free, which costs more than the rest of a free. An arena
 // instead counts its frees (`frees`) and records its `fence` event on S once
-// every `fence_interval` frees (or `fence_bytes` bytes), and on every slow path
-// that runs on S. A block carries the count at which it became free
+// every `fence_interval` frees (or `fence_bytes` bytes) while the pool serves
+// more than one stream, at the next free after another stream asked for one, and
+// on every slow path that runs on S. A pool used by one stream never fences. A block carries the count at which it became free
 // (block::free_epoch); it is fenced, safe for T after cuStreamWaitEvent(T, fence),
 // once `fenced_frees` >= that count. The event is recorded only on the stream of
 // the call being served, so gpumem never records on a stream that may have been
@@ -79,6 +80,8 @@ struct arena {
   std::uint64_t fenced_frees = 0;
   unsigned unfenced_count = 0;
   std::size_t unfenced_bytes = 0;
+  // Set by a stream that found no fenced memory to take: fence at the next free.
+  std::atomic<bool> fence_requested{false};
 
   std::size_t used_bytes = 0;
   std::size_t reserved_bytes = 0;

@@ -60,6 +60,7 @@ struct pool_resource::impl {
 
   mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
   std::unordered_map<std::uintptr_t, std::unique_ptr<detail::arena>> arenas;
+  std::atomic<bool> several_streams{false};  // fences matter only once a second stream exists
 
   // Lock order: arenas_mutex, then chunks_mutex, then arena locks (one at a time).
   mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner

@@ -202,6 +202,8 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       return reinterpret_cast<void*>(taken->address);
     }
   }
+  // Nothing fenced to take: ask the others to fence at their next free.
+  for (arena* s : others) s->fence_requested.store(true, std::memory_order_relaxed);
   return nullptr;
 }
 

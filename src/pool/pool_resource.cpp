@@ -21,8 +21,9 @@ struct arena_cache {
   std::uintptr_t key = 0;
   detail::arena* arena = nullptr;
 };
-thread_local arena_cache last_arena;
-thread_local char per_thread_stream_tag;
+// initial-exec: a plain TLS load, not a __tls_get_addr call, on the hot path.
+thread_local arena_cache last_arena __attribute__((tls_model("initial-exec")));
+thread_local char per_thread_stream_tag __attribute__((tls_model("initial-exec")));
 
 // Arena key: the stream handle, with the two default streams made explicit.
 // The per-thread default stream is a different stream on every thread.
@@ -121,6 +122,7 @@ detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s)
   std::unique_lock lock(arenas_mutex);
   auto& slot = arenas[key];
   if (!slot) slot = std::make_unique<detail::arena>(normalized);
+  if (arenas.size() > 1) several_streams.store(true, std::memory_order_relaxed);
   return *slot;
 }
 
@@ -193,7 +195,9 @@ void pool_resource::impl::free_into(detail::arena& a, detail::block* b, std::uin
 void pool_resource::impl::note_free(detail::arena& a, std::size_t bytes) {
   ++a.unfenced_count;
   a.unfenced_bytes += bytes;
-  if (a.unfenced_count >= opt.fence_interval || a.unfenced_bytes >= opt.fence_bytes) {
+  const bool due = (a.unfenced_count >= opt.fence_interval || a.unfenced_bytes >= opt.fence_bytes) &&
+                   several_streams.load(std::memory_order_relaxed);
+  if (due || a.fence_requested.load(std::memory_order_relaxed)) [[unlikely]] {
     record_fence(a);
   }
 }
@@ -205,6 +209,7 @@ void pool_resource::impl::record_fence(detail::arena& a) {
   a.fenced_frees = a.frees;
   a.unfenced_count = 0;
   a.unfenced_bytes = 0;
+  a.fence_requested.store(false, std::memory_order_relaxed);
 }
 
 void pool_resource::impl::add_chunk(detail::arena& a, std::uintptr_t base, std::size_t bytes,
@@ -285,6 +290,15 @@ std::size_t pool_resource::release() {
 }
 
 std::size_t pool_resource::trim() { return impl_->release_chunks(false); }
+
+std::size_t pool_resource::trim(stream_view stream) {
+  detail::arena& a = impl_->arena_for(stream);
+  {
+    std::lock_guard lock(a.lock);
+    impl_->record_fence(a);
+  }
+  return impl_->release_chunks(false);
+}
 
 pool_statistics pool_resource::statistics() const { return impl_->collect(); }
 

@@ -114,14 +114,30 @@ TEST_F(Pool, TrimGivesBackFencedChunksWithoutWaiting) {
   o.min_chunk_bytes = o.max_chunk_bytes = 2 * MiB;
   o.fence_interval = 2;
   pool_resource pool(upstream, o);
+  stream other(0);  // a second stream: fences matter now
+  void* c = pool.allocate(256, other);
   void* a = pool.allocate(2 * MiB, s);
   void* b = pool.allocate(2 * MiB, s);
   pool.deallocate(a, 2 * MiB, s);
   EXPECT_EQ(pool.trim(), 0U) << "a's free is not fenced yet: trim must not take it";
   pool.deallocate(b, 2 * MiB, s);  // the second free records the fence
   EXPECT_EQ(pool.trim(), 4 * MiB);
+  pool.deallocate(c, 256, other);
+  EXPECT_EQ(pool.trim(other), 2 * MiB) << "trim(stream) fences that stream's frees first";
   s.synchronize();
+  other.synchronize();
   EXPECT_EQ(upstream.allocated_bytes(), 0U);
+}
+
+TEST_F(Pool, ASingleStreamNeverFencesButTrimOnItsStreamWorks) {
+  pool_options o;
+  o.min_chunk_bytes = o.max_chunk_bytes = 2 * MiB;
+  o.fence_interval = 1;
+  pool_resource pool(upstream, o);
+  void* a = pool.allocate(2 * MiB, s);
+  pool.deallocate(a, 2 * MiB, s);
+  EXPECT_EQ(pool.trim(), 0U) << "one stream: no fence was needed, so none was recorded";
+  EXPECT_EQ(pool.trim(s), 2 * MiB);
 }
 
 TEST_F(Pool, InitialBytesAreReservedUpFront) {

@@ -1,0 +1,128 @@
+// Timing, calibration and per-cell error handling for gpumem-bench (harness.hpp).
+#include "harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <new>
+#include <stdexcept>
+
+#include "gpumem/error.hpp"
+
+namespace gpumem::bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_of(const std::function<void(std::uint64_t)>& body, std::uint64_t n) {
+  const auto t0 = clock_type::now();
+  body(n);
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+cell failed_cell(cell_status status, std::string message) {
+  cell c;
+  c.status = status;
+  c.message = std::move(message);
+  return c;
+}
+
+}  // namespace
+
+double cell::median() const {
+  if (reps.empty()) return 0.0;
+  std::vector<double> v = reps;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2.0;
+}
+
+double cell::min() const {
+  return reps.empty() ? 0.0 : *std::min_element(reps.begin(), reps.end());
+}
+
+double cell::max() const {
+  return reps.empty() ? 0.0 : *std::max_element(reps.begin(), reps.end());
+}
+
+std::uint64_t calibrate(const std::function<void(std::uint64_t)>& body, double target_seconds,
+                        std::uint64_t max_iterations) {
+  const double long_enough = target_seconds / 5;
+  // The first run pays for first use (a pool's or a stream's set-up, page
+  // faults: milliseconds on a GPU) and says nothing about the steady state.
+  (void)seconds_of(body, 1);
+  std::uint64_t n = 1;
+  double t = seconds_of(body, n);
+  for (;;) {
+    if (t >= long_enough) {
+      // One long run could still be a cold one; the count rests on two.
+      const double again = seconds_of(body, n);
+      if (again >= long_enough) {
+        t = std::min(t, again);
+        break;
+      }
+      t = again;
+    }
+    if (n >= max_iterations) break;
+    // Jump while a run is far too short to time well; double near the end.
+    n = std::min(max_iterations, t < target_seconds / 100 ? n * 8 : n * 2);
+    t = seconds_of(body, n);
+  }
+  const double per_iteration = t / static_cast<double>(n);
+  if (per_iteration <= 0) return max_iterations;
+  const double wanted = std::round(target_seconds / per_iteration);
+  return static_cast<std::uint64_t>(std::clamp(wanted, 1.0, static_cast<double>(max_iterations)));
+}
+
+std::vector<double> repeat_ns_per_iteration(const std::function<void(std::uint64_t)>& body,
+                                            std::uint64_t n, int reps) {
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    out.push_back(seconds_of(body, n) * 1e9 / static_cast<double>(n));
+  }
+  return out;
+}
+
+cell run_cell(const subject& s, const context& ctx,
+              const std::function<cell(memory_resource&, stream&)>& fn) {
+  try {
+    // Destroyed in reverse order: the stream is drained (even when fn threw)
+    // before the resource goes, and outlives it, since a resource may free into it.
+    stream st(ctx.device, stream::flags::non_blocking);
+    std::unique_ptr<memory_resource> mr = s.make(ctx.device);
+    struct drain_on_exit {
+      stream& st;
+      ~drain_on_exit() {
+        try {
+          st.synchronize();
+        } catch (...) {  // already failing; the cell says why
+        }
+      }
+    } drain{st};
+    return fn(*mr, st);
+  } catch (const out_of_memory& e) {
+    return failed_cell(cell_status::failed, e.what());
+  } catch (const cuda_error& e) {
+    return failed_cell(cell_status::failed, e.what());
+  } catch (const std::bad_alloc& e) {
+    // Peers (RMM, later) throw their own bad_alloc-derived out-of-memory.
+    return failed_cell(cell_status::failed, std::string("out of memory: ") + e.what());
+  } catch (const std::exception& e) {
+    return failed_cell(cell_status::error, e.what());
+  } catch (...) {
+    return failed_cell(cell_status::error, "unknown exception");
+  }
+}
+
+std::string size_label(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return std::to_string(bytes) + " " + units[u];
+}
+
+}  // namespace gpumem::bench

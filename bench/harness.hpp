@@ -1,0 +1,40 @@
+// The measuring machinery shared by the workloads: host steady_clock timing,
+// calibration of iteration counts, repetitions, and running one cell with a
+// fresh resource and stream so that expected failures become failed cells.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "gpumem/stream.hpp"
+
+namespace gpumem::bench {
+
+// Runs `body(1)` once untimed (first use), then times `body(n)` for n = 1, 2,
+// 4, ... (multiplying by 8 while runs are very short) until two runs in a row
+// last a fifth of `target_seconds` or n reaches `max_iterations`; returns the n
+// for which one run should last about `target_seconds`. These pilot runs are
+// the cell's warm-up. Slow subjects (cuMemAlloc, about 60 us a pair on an H100)
+// get few iterations, fast ones many.
+std::uint64_t calibrate(const std::function<void(std::uint64_t)>& body, double target_seconds,
+                        std::uint64_t max_iterations);
+
+// Runs `body(n)` `reps` times and returns, per repetition, nanoseconds per
+// iteration (elapsed / n).
+std::vector<double> repeat_ns_per_iteration(const std::function<void(std::uint64_t)>& body,
+                                            std::uint64_t n, int reps);
+
+// Builds `s`'s resource on ctx.device and a non-blocking stream there, and
+// returns fn(resource, stream). Exceptions become a cell: out_of_memory (any
+// std::bad_alloc) and cuda_error give `failed`, anything else `error`. The
+// stream is synchronized before the resource is destroyed.
+cell run_cell(const subject& s, const context& ctx,
+              const std::function<cell(memory_resource&, stream&)>& fn);
+
+// "256 B", "1 MiB", "64 MiB", "4 KiB": exact binary units for the column labels.
+std::string size_label(std::size_t bytes);
+
+}  // namespace gpumem::bench

@@ -1,0 +1,348 @@
+// gpumem-bench: measures gpumem's resources and the peers (raw driver
+// allocators, later RMM, PyTorch, ...) on the standard workloads of
+// BENCHMARKS.md, in one run, and prints each figure beside its ratio to the
+// best peer. docs/benchmarks-method.md says how it measures.
+//
+// Exit status: 0 success (a row that ran out of memory or hit a driver error is
+// a result, reported as failed); 1 a workload errored unexpectedly or the
+// device could not be used; 2 bad arguments.
+#include <cuda.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/device.hpp"
+#include "report.hpp"
+
+#ifndef GPUMEM_BENCH_VERSION
+#define GPUMEM_BENCH_VERSION "unknown"
+#endif
+
+namespace gpumem::bench {
+namespace {
+
+constexpr int exit_ok = 0;
+constexpr int exit_failure = 1;
+constexpr int exit_usage = 2;
+
+struct usage_error {
+  std::string message;
+};
+
+void print_help(std::ostream& out) {
+  out << "usage: gpumem-bench [options]\n"
+         "\n"
+         "Measures gpumem's resources and peer allocators on the standard workloads\n"
+         "(BENCHMARKS.md) on device 0 and prints one table per workload: each cell is the\n"
+         "median over the repetitions and, in parentheses, its ratio to the best peer in\n"
+         "that column (below 1: faster than the best peer).\n"
+         "\n"
+         "options:\n"
+         "  --workloads LIST   comma-separated ids or names to run (default: all), e.g. W1,W2\n"
+         "  --subjects LIST    comma-separated rows to run (default: all), e.g.\n"
+         "                     \"gpumem cuda_resource,cuMemAllocAsync\"\n"
+         "  --reps N           timed repetitions per cell, after a warm-up (default 5; 2 with "
+         "--quick)\n"
+         "  --rep-ms MS        what a calibrated repetition aims to last (default 100; 10 with "
+         "--quick)\n"
+         "  --quick            smoke run for CI: fewer ops and repetitions\n"
+         "  --json FILE        also write every result, with all repetitions, to FILE\n"
+         "  --list             list the workloads and subjects and exit\n"
+         "  --help             show this and exit\n"
+         "\n"
+         "environment: GPUMEM_BACKEND=cuda|sim chooses the backend; unset, gpumem-bench uses\n"
+         "the CUDA driver when a GPU is usable and the host simulator otherwise.\n"
+         "exit status: 0 ok (rows that ran out of memory are reported, not fatal),\n"
+         "1 a workload errored unexpectedly, 2 bad arguments.\n";
+}
+
+void print_list(std::ostream& out) {
+  out << "workloads:\n";
+  for (const workload* w : all_workloads()) {
+    out << "  " << w->id() << "  " << w->name() << ": " << w->figure() << "\n";
+  }
+  out << "subjects:\n";
+  for (const subject& s : all_subjects()) {
+    out << "  " << s.name << (s.kind == subject_kind::peer ? "  (peer)" : "") << "\n";
+  }
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) ==
+           std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+std::vector<std::string> split_list(const std::string& flag, const std::string& value) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= value.size()) {
+    const std::size_t comma = std::min(value.find(',', start), value.size());
+    std::string item = value.substr(start, comma - start);
+    const auto first = item.find_first_not_of(' ');
+    item = first == std::string::npos ? ""
+                                      : item.substr(first, item.find_last_not_of(' ') - first + 1);
+    if (item.empty()) throw usage_error{flag + ": empty name in '" + value + "'"};
+    out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+int parse_int(const std::string& flag, const std::string& value, int lo, int hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) {
+    throw usage_error{flag + " wants a whole number from " + std::to_string(lo) + " to " +
+                      std::to_string(hi) + ", not '" + value + "'"};
+  }
+  return static_cast<int>(v);
+}
+
+options parse_arguments(int argc, char** argv, bool& help, bool& list) {
+  options opts;
+  std::optional<int> reps, rep_ms;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::optional<std::string> inline_value;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = arg.substr(eq + 1);
+      arg.resize(eq);
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) throw usage_error{arg + " needs a value"};
+      return argv[++i];
+    };
+    auto no_value = [&] {
+      if (inline_value) throw usage_error{arg + " takes no value"};
+    };
+    if (arg == "--help" || arg == "-h") {
+      no_value();
+      help = true;
+    } else if (arg == "--list") {
+      no_value();
+      list = true;
+    } else if (arg == "--quick") {
+      no_value();
+      opts.quick = true;
+    } else if (arg == "--reps") {
+      reps = parse_int(arg, value(), 1, 1000);
+    } else if (arg == "--rep-ms") {
+      rep_ms = parse_int(arg, value(), 1, 60000);
+    } else if (arg == "--json") {
+      opts.json_path = value();
+      if (opts.json_path.empty()) throw usage_error{"--json needs a file name"};
+    } else if (arg == "--workloads") {
+      opts.workloads = split_list(arg, value());
+    } else if (arg == "--subjects") {
+      opts.subjects = split_list(arg, value());
+    } else {
+      throw usage_error{"unknown argument '" + std::string(argv[i]) + "'"};
+    }
+  }
+  opts.reps = reps.value_or(opts.quick ? 2 : 5);
+  opts.rep_seconds = rep_ms.value_or(opts.quick ? 10 : 100) / 1000.0;
+  return opts;
+}
+
+std::vector<const workload*> select_workloads(const options& opts) {
+  std::vector<const workload*> out;
+  for (const workload* w : all_workloads()) {
+    const bool wanted =
+        opts.workloads.empty() ||
+        std::any_of(opts.workloads.begin(), opts.workloads.end(), [&](const std::string& n) {
+          return iequals(n, w->id()) || iequals(n, w->name());
+        });
+    if (wanted) out.push_back(w);
+  }
+  for (const std::string& n : opts.workloads) {
+    if (std::none_of(out.begin(), out.end(), [&](const workload* w) {
+          return iequals(n, w->id()) || iequals(n, w->name());
+        })) {
+      std::string known;
+      for (const workload* w : all_workloads()) {
+        known += ' ';
+        known += w->id();
+      }
+      throw usage_error{"--workloads: no workload '" + n + "' (known:" + known + ")"};
+    }
+  }
+  return out;
+}
+
+std::vector<const subject*> select_subjects(const options& opts) {
+  std::vector<const subject*> out;
+  for (const subject& s : all_subjects()) {
+    const bool wanted = opts.subjects.empty() ||
+                        std::any_of(opts.subjects.begin(), opts.subjects.end(),
+                                    [&](const std::string& n) { return iequals(n, s.name); });
+    if (wanted) out.push_back(&s);
+  }
+  for (const std::string& n : opts.subjects) {
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const subject* s) { return iequals(n, s->name); })) {
+      std::string known;
+      for (const subject& s : all_subjects()) {
+        known += known.empty() ? "'" : ", '";
+        known += s.name;
+        known += '\'';
+      }
+      throw usage_error{"--subjects: no subject '" + n + "' (known: " + known + ")"};
+    }
+  }
+  return out;
+}
+
+// The NVIDIA kernel driver's version (e.g. "580.159.04"), which BENCHMARKS.md's
+// figures quote beside the CUDA version; empty where there is none (simulator).
+std::string kernel_driver_version() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string word;
+  while (in >> word) {
+    const bool versionlike = !word.empty() && std::isdigit(static_cast<unsigned char>(word[0])) &&
+                             word.find('.') != std::string::npos &&
+                             word.find_first_not_of("0123456789.") == std::string::npos;
+    if (versionlike) return word;
+  }
+  return {};
+}
+
+std::string utc_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Chooses the backend and says so first when it is the simulator, so that no
+// one reads simulator timings as a GPU's.
+run_info open_device(int device) {
+  const char* env = std::getenv("GPUMEM_BACKEND");
+  const bool env_set = env != nullptr && *env != '\0';
+  const backend_kind kind = select_backend(backend_choice::cuda_or_sim);
+  if (kind == backend_kind::sim) {
+    std::cout << (env_set ? "gpumem-bench: GPUMEM_BACKEND=sim; running on the host simulator."
+                          : "gpumem-bench: no usable CUDA driver or GPU here; running on the host "
+                            "simulator (GPUMEM_BACKEND=sim).")
+              << " Timings are of the simulator, not of a GPU.\n\n";
+  }
+  if (device_count() <= device) {
+    throw std::runtime_error("no device " + std::to_string(device) + " (" +
+                             std::to_string(device_count()) + " device(s))");
+  }
+  set_current_device(device);
+  run_info info;
+  info.gpumem_version = GPUMEM_BENCH_VERSION;
+  info.backend = std::string(to_string(kind));
+  info.device = device;
+  info.device_name = device_name(device);
+  info.total_bytes = device_memory_info(device).total_bytes;
+  info.driver_version = driver_version();
+  if (kind == backend_kind::cuda) info.kernel_driver = kernel_driver_version();
+  info.cuda_header_version = CUDA_VERSION;
+  info.started_utc = utc_now();
+  info.host_threads = std::thread::hardware_concurrency();
+  return info;
+}
+
+int run(int argc, char** argv) {
+  bool help = false, list = false;
+  options opts;
+  std::vector<const workload*> workloads;
+  std::vector<const subject*> subjects;
+  std::ofstream json;
+  try {
+    opts = parse_arguments(argc, argv, help, list);
+    if (help) {
+      print_help(std::cout);
+      return exit_ok;
+    }
+    if (list) {
+      print_list(std::cout);
+      return exit_ok;
+    }
+    workloads = select_workloads(opts);
+    subjects = select_subjects(opts);
+    if (!opts.json_path.empty()) {
+      // Opened now, so a bad path costs no benchmark time.
+      json.open(opts.json_path);
+      if (!json) throw usage_error{"--json: cannot write '" + opts.json_path + "'"};
+    }
+  } catch (const usage_error& e) {
+    std::cerr << "gpumem-bench: " << e.message << "\nTry 'gpumem-bench --help'.\n";
+    return exit_usage;
+  }
+
+  run_info info;
+  try {
+    info = open_device(0);
+  } catch (const std::exception& e) {
+    std::cerr << "gpumem-bench: cannot use the device: " << e.what() << "\n";
+    return exit_failure;
+  }
+  print_header(std::cout, info);
+  std::cout.flush();
+
+  const context ctx{opts, info.device};
+  std::vector<workload_result> results;
+  bool errored = false;
+  for (const workload* w : workloads) {
+    workload_result res;
+    res.w = w;
+    res.columns = w->columns(opts);
+    for (const subject* s : subjects) {
+      std::vector<cell> cells;
+      try {
+        cells = w->measure(*s, ctx);
+      } catch (const std::exception& e) {  // workloads catch what they expect; this is a bug
+        cells.assign(res.columns.size(), cell{cell_status::error, e.what(), {}, 0});
+      }
+      cells.resize(res.columns.size(),
+                   cell{cell_status::error, "workload returned no cell", {}, 0});
+      for (const cell& c : cells) errored = errored || c.status == cell_status::error;
+      res.rows.push_back({s, std::move(cells)});
+    }
+    print_table(std::cout, info, opts, res);
+    std::cout.flush();
+    results.push_back(std::move(res));
+  }
+
+  if (json.is_open()) {
+    write_json(json, info, opts, results);
+    json.close();
+    if (!json) {
+      std::cerr << "gpumem-bench: writing '" << opts.json_path << "' failed\n";
+      return exit_failure;
+    }
+    std::cout << "results written to " << opts.json_path << "\n";
+  }
+  if (errored) {
+    std::cerr << "gpumem-bench: a workload errored unexpectedly (see the tables' footnotes)\n";
+    return exit_failure;
+  }
+  return exit_ok;
+}
+
+}  // namespace
+}  // namespace gpumem::bench
+
+int main(int argc, char** argv) { return gpumem::bench::run(argc, argv); }

@@ -1,0 +1,47 @@
+// What gpumem-bench prints: the run header, one table per workload, and the
+// JSON file with every repetition (report.cpp).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+
+namespace gpumem::bench {
+
+// Facts about the run that every table and the JSON carry.
+struct run_info {
+  std::string gpumem_version;
+  std::string backend;  // "cuda" or "sim"
+  int device = 0;
+  std::string device_name;
+  std::size_t total_bytes = 0;
+  int driver_version = 0;       // CUDA version of the driver, e.g. 13000
+  std::string kernel_driver;    // NVIDIA kernel driver, e.g. "580.159.04"; empty if unknown
+  int cuda_header_version = 0;  // CUDA_VERSION of the cuda.h gpumem was built with
+  std::string started_utc;      // ISO 8601
+  unsigned host_threads = 0;
+};
+
+void print_header(std::ostream& out, const run_info& info);
+
+// Rows = subjects, columns = the workload's variants; each cell is the median
+// and its ratio to the best peer of the column. Failures are footnoted.
+void print_table(std::ostream& out, const run_info& info, const options& opts,
+                 const workload_result& result);
+
+void write_json(std::ostream& out, const run_info& info, const options& opts,
+                const std::vector<workload_result>& results);
+
+// Row index of the best peer in `col` (lowest median, or highest where higher
+// is better) among peers that succeeded; none when no peer did.
+std::optional<std::size_t> best_peer(const workload_result& result, std::size_t col);
+
+// Median of the cell over the best peer's median; none without a best peer.
+std::optional<double> ratio_to_best_peer(const workload_result& result, std::size_t row,
+                                         std::size_t col);
+
+}  // namespace gpumem::bench

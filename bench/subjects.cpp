@@ -1,0 +1,35 @@
+// The rows of every table: gpumem's resources first, then the peers they are
+// measured against. Adding a row is one line here (a peer also gets a file in
+// peers/). A resource built on an upstream needs a factory that owns both.
+#include <memory>
+
+#include "bench.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "peers/peers.hpp"
+
+namespace gpumem::bench {
+namespace {
+
+// A gpumem resource whose constructor takes just the device.
+template <class Resource>
+std::unique_ptr<memory_resource> on_device(int device) {
+  return std::make_unique<Resource>(device);
+}
+
+std::unique_ptr<memory_resource> pool_over_cuda(int device) {
+  return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device));
+}
+
+constexpr subject subjects[] = {
+    {"gpumem pool_resource", subject_kind::gpumem, &pool_over_cuda},
+    {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
+    {"cuMemAlloc", subject_kind::peer, &peers::make_raw_cumemalloc},
+    {"cuMemAllocAsync", subject_kind::peer, &peers::make_raw_cumemallocasync},
+};
+
+}  // namespace
+
+std::span<const subject> all_subjects() { return subjects; }
+
+}  // namespace gpumem::bench

@@ -1,0 +1,11 @@
+// The workloads in run order (bench.hpp: all_workloads).
+#include "workloads/registry.hpp"
+
+namespace gpumem::bench {
+
+std::span<const workload* const> all_workloads() {
+  static const workload* const list[] = {&w1_pair(), &w2_random()};
+  return list;
+}
+
+}  // namespace gpumem::bench

@@ -1,0 +1,13 @@
+// The workloads of gpumem-bench, one file each under workloads/ (W1..W8 of
+// BENCHMARKS.md). A new workload declares its accessor here and is listed in
+// registry.cpp.
+#pragma once
+
+#include "bench.hpp"
+
+namespace gpumem::bench {
+
+const workload& w1_pair();
+const workload& w2_random();
+
+}  // namespace gpumem::bench
