@@ -41,11 +41,11 @@ cuda_load_result load() noexcept {
   }
   static driver_api table;
   table.kind = backend_kind::cuda;
-#define GPUMEM_RESOLVE_ENTRY(name)                                                             \
+#define GPUMEM_RESOLVE_ENTRY(name, version)                                                           \
   {                                                                                          \
     void* fn = nullptr;                                                                      \
     CUdriverProcAddressQueryResult status{};                                                 \
-    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) ==          \
+    if (get_proc(#name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) ==               \
             CUDA_SUCCESS &&                                                                  \
         status == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr) {                            \
       table.name = reinterpret_cast<decltype(table.name)>(fn);                               \

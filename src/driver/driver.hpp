@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "driver/entry_points.hpp"
 #include "gpumem/backend.hpp"
@@ -15,11 +17,18 @@
 namespace gpumem::detail {
 
 struct driver_api {
-#define GPUMEM_DECLARE_ENTRY(name) decltype(&::name) name = nullptr;
+#define GPUMEM_DECLARE_ENTRY(name, version) decltype(&::name) name = nullptr;
   GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_DECLARE_ENTRY)
 #undef GPUMEM_DECLARE_ENTRY
   backend_kind kind = backend_kind::cuda;
 };
+
+// The version each entry is resolved at has the signature gpumem calls.
+#define GPUMEM_CHECK_ENTRY_ABI(name, version)                                           \
+  static_assert(std::is_same_v<decltype(&::name), PFN_##name##_v##version>,             \
+                #name ": the ABI version in entry_points.hpp does not match cuda.h");
+GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_CHECK_ENTRY_ABI)
+#undef GPUMEM_CHECK_ENTRY_ABI
 
 // The table of the selected backend; selects it on first use (GPUMEM_BACKEND or
 // select_backend()). Throws driver_unavailable when the backend cannot be used.

@@ -43,47 +43,52 @@
 
 #include <cuda.h>
 
+// Each entry names the ABI version gpumem calls (cudaTypedefs.h's PFN_<name>_v<version>):
+// cuGetProcAddress is asked for exactly that version, and driver.cpp checks at
+// compile time that it is the signature gpumem calls. Asking for "the CUDA version
+// of the headers" is not enough: at 13000, cuCtxSynchronize and cuCtxGetDevice
+// resolve to new two-argument versions while cuda.h still declares the old ones.
 #define GPUMEM_DRIVER_ENTRY_POINTS(X) \
-  X(cuInit)                          \
-  X(cuDriverGetVersion)              \
-  X(cuGetErrorName)                  \
-  X(cuGetErrorString)                \
-  X(cuDeviceGetCount)                \
-  X(cuDeviceGet)                     \
-  X(cuDeviceGetName)                 \
-  X(cuDeviceTotalMem)                \
-  X(cuDeviceGetAttribute)            \
-  X(cuDevicePrimaryCtxRetain)        \
-  X(cuCtxGetCurrent)                 \
-  X(cuCtxSetCurrent)                 \
-  X(cuCtxGetDevice)                  \
-  X(cuCtxSynchronize)                \
-  X(cuStreamCreate)                  \
-  X(cuStreamCreateWithPriority)      \
-  X(cuStreamDestroy)                 \
-  X(cuStreamGetDevice)               \
-  X(cuStreamSynchronize)             \
-  X(cuStreamQuery)                   \
-  X(cuStreamWaitEvent)               \
-  X(cuLaunchHostFunc)                \
-  X(cuEventCreate)                   \
-  X(cuEventDestroy)                  \
-  X(cuEventRecord)                   \
-  X(cuEventQuery)                    \
-  X(cuEventSynchronize)              \
-  X(cuEventElapsedTime)              \
-  X(cuMemAlloc)                      \
-  X(cuMemFree)                       \
-  X(cuMemAllocAsync)                 \
-  X(cuMemFreeAsync)                  \
-  X(cuDeviceGetDefaultMemPool)       \
-  X(cuMemPoolSetAttribute)           \
-  X(cuMemPoolGetAttribute)           \
-  X(cuMemPoolTrimTo)                 \
-  X(cuMemGetInfo)                    \
-  X(cuMemGetAddressRange)            \
-  X(cuPointerGetAttribute)           \
-  X(cuMemcpy)                        \
-  X(cuMemcpyAsync)                   \
-  X(cuMemsetD8)                      \
-  X(cuMemsetD8Async)
+  X(cuInit, 2000)                          \
+  X(cuDriverGetVersion, 2020)              \
+  X(cuGetErrorName, 6000)                  \
+  X(cuGetErrorString, 6000)                \
+  X(cuDeviceGetCount, 2000)                \
+  X(cuDeviceGet, 2000)                     \
+  X(cuDeviceGetName, 2000)                 \
+  X(cuDeviceTotalMem, 3020)                \
+  X(cuDeviceGetAttribute, 2000)            \
+  X(cuDevicePrimaryCtxRetain, 7000)        \
+  X(cuCtxGetCurrent, 4000)                 \
+  X(cuCtxSetCurrent, 4000)                 \
+  X(cuCtxGetDevice, 2000)                  \
+  X(cuCtxSynchronize, 2000)                \
+  X(cuStreamCreate, 2000)                  \
+  X(cuStreamCreateWithPriority, 5050)      \
+  X(cuStreamDestroy, 4000)                 \
+  X(cuStreamGetDevice, 12080)               \
+  X(cuStreamSynchronize, 2000)             \
+  X(cuStreamQuery, 2000)                   \
+  X(cuStreamWaitEvent, 3020)               \
+  X(cuLaunchHostFunc, 10000)                \
+  X(cuEventCreate, 2000)                   \
+  X(cuEventDestroy, 4000)                  \
+  X(cuEventRecord, 2000)                   \
+  X(cuEventQuery, 2000)                    \
+  X(cuEventSynchronize, 2000)              \
+  X(cuEventElapsedTime, 12080)              \
+  X(cuMemAlloc, 3020)                      \
+  X(cuMemFree, 3020)                       \
+  X(cuMemAllocAsync, 11020)                 \
+  X(cuMemFreeAsync, 11020)                  \
+  X(cuDeviceGetDefaultMemPool, 11020)       \
+  X(cuMemPoolSetAttribute, 11020)           \
+  X(cuMemPoolGetAttribute, 11020)           \
+  X(cuMemPoolTrimTo, 11020)                 \
+  X(cuMemGetInfo, 3020)                    \
+  X(cuMemGetAddressRange, 3020)            \
+  X(cuPointerGetAttribute, 4000)           \
+  X(cuMemcpy, 4000)                        \
+  X(cuMemcpyAsync, 4000)                   \
+  X(cuMemsetD8, 3020)                      \
+  X(cuMemsetD8Async, 3020)

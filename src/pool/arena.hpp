@@ -33,6 +33,7 @@
 #include "pool/block.hpp"
 #include "pool/free_index.hpp"
 #include "pool/pointer_map.hpp"
+#include "pool/quick_cache.hpp"
 
 namespace gpumem::detail {
 
@@ -69,7 +70,8 @@ struct arena {
   CUstream stream;  // the stream every call through this arena is ordered on
 
   free_index free;
-  pointer_map live;
+  quick_cache quick;  // freed blocks kept whole by size (quick_cache.hpp)
+  pointer_map live;   // live and quick-cached blocks by address
   block_slab slab;
   std::vector<chunk*> chunks;
   std::vector<pending_free> pending;

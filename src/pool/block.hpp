@@ -25,7 +25,8 @@ struct block {
   // The owning arena's free counter when the block last became free; the block
   // is safe for other streams once the arena's fence covers this count.
   std::uint64_t free_epoch = 0;
-  bool free = false;
+  bool free = false;    // in the free index
+  bool cached = false;  // freed into the arena's quick cache (not free, not live)
 };
 
 struct chunk {

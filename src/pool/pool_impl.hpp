@@ -26,6 +26,7 @@ struct pool_resource::impl {
 
   // ---- arenas ----
   detail::arena& arena_for(stream_view s);
+  [[gnu::noinline]] detail::arena& find_arena(std::uintptr_t key, stream_view s);
   detail::arena& create_arena(std::uintptr_t key, CUstream s);
 
   // ---- block operations; the arena's lock is held ----
@@ -34,6 +35,7 @@ struct pool_resource::impl {
   void free_into(detail::arena& a, detail::block* b, std::uint64_t epoch);
   void note_free(detail::arena& a, std::size_t bytes);
   void record_fence(detail::arena& a);
+  void flush_quick(detail::arena& a);
 
   // ---- slow paths (pool_reclaim.cpp); no lock held on entry ----
   void* allocate_slow(detail::arena& a, std::size_t size, std::size_t requested,
@@ -46,7 +48,7 @@ struct pool_resource::impl {
   void synchronize_and_fence_everything();
   std::size_t release_chunks(bool device_synchronized);
   [[noreturn]] void throw_out_of_memory(std::size_t requested);
-  pool_statistics collect() const;
+  pool_statistics collect();  // flushes the quick caches
   void wait_for(detail::arena& waiter, const detail::arena& freed_on);
 
   void add_chunk(detail::arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch);

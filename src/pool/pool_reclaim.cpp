@@ -25,7 +25,12 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
     block* b = a.free.find(need);
     return b != nullptr ? carve(a, b, size, requested, alignment, true) : nullptr;
   };
-  // 1. Blocks other streams freed back to this arena.
+  // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
+  {
+    std::lock_guard lock(a.lock);
+    flush_quick(a);
+  }
+  if (void* p = try_own()) return p;
   if (absorb_pending(a)) {
     if (void* p = try_own()) return p;
   }
@@ -70,7 +75,7 @@ void pool_resource::impl::deallocate_foreign(arena& caller, void* ptr, std::size
   {
     std::lock_guard lock(owner->lock);
     block* b = owner->live.find(address);
-    if (b == nullptr) throw not_ours();
+    if (b == nullptr || b->cached) throw not_ours();
     if (b->requested_bytes != bytes) {
       throw logic_error("gpumem::pool_resource::deallocate: the allocation has " +
                         std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
@@ -82,8 +87,9 @@ void pool_resource::impl::deallocate_foreign(arena& caller, void* ptr, std::size
     record_fence(caller);
   }
   std::lock_guard lock(owner->lock);
-  block* b = owner->live.erase(address);
-  if (b == nullptr) throw not_ours();  // freed by another thread meanwhile
+  block* b = owner->live.find(address);
+  if (b == nullptr || b->cached) throw not_ours();  // freed by another thread meanwhile
+  owner->live.erase(address);
   owner->used_bytes -= b->size;
   owner->pending.push_back({b, &caller, ++owner->pending_sequence});
 }
@@ -139,6 +145,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
     {
       std::unique_lock dir(chunks_mutex);
       std::lock_guard lock(s->lock);
+      flush_quick(*s);
       for (std::size_t i = 0; i < s->chunks.size(); ++i) {
         chunk* c = s->chunks[i];
         block* f = c->first;
@@ -261,6 +268,7 @@ void pool_resource::impl::synchronize_and_fence_everything() {
   // Everything freed before the synchronisation is complete: fenced for everyone.
   for (auto [a, frees, pending_upto] : before) {
     std::lock_guard g(a->lock);
+    flush_quick(*a);
     a->fenced_frees = std::max(a->fenced_frees, frees);
     for (std::size_t i = 0; i < a->pending.size();) {
       if (a->pending[i].sequence <= pending_upto) {
@@ -294,6 +302,7 @@ std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
     std::unique_lock dir(chunks_mutex);
     for (auto& [key, a] : arenas) {
       std::lock_guard g(a->lock);
+      flush_quick(*a);
       for (std::size_t i = 0; i < a->chunks.size();) {
         chunk* c = a->chunks[i];
         block* f = c->first;
@@ -328,11 +337,12 @@ std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
   return released;
 }
 
-pool_statistics pool_resource::impl::collect() const {
+pool_statistics pool_resource::impl::collect() {
   pool_statistics s;
   std::shared_lock lock(arenas_mutex);
   for (auto& [key, a] : arenas) {
     std::lock_guard g(a->lock);
+    flush_quick(*a);  // report coalesced blocks, as they are after any slow path
     s.used_bytes += a->used_bytes;
     s.reserved_bytes += a->reserved_bytes;
     s.free_bytes += a->free.bytes();

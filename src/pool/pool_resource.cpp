@@ -69,7 +69,7 @@ pool_resource::impl::~impl() {
   std::size_t live_count = 0;
   std::size_t live_bytes = 0;
   for (auto& [key, a] : arenas) {
-    live_count += a->live.size();
+    live_count += a->live.size() - a->quick.count();
     live_bytes += a->used_bytes;
   }
   if (live_count != 0) {
@@ -92,10 +92,16 @@ pool_resource::impl::~impl() {
 
 detail::arena& pool_resource::impl::arena_for(stream_view s) {
   const std::uintptr_t key = key_of(s.handle());
-  arena_cache& cache = last_arena;
+  const arena_cache& cache = last_arena;
   if (cache.pool_id == id && cache.key == key) [[likely]] {
     return *cache.arena;
   }
+  return find_arena(key, s);
+}
+
+// Out of line so that the hit path above needs no stack frame.
+detail::arena& pool_resource::impl::find_arena(std::uintptr_t key, stream_view s) {
+  arena_cache& cache = last_arena;
   detail::arena* found = nullptr;
   {
     std::shared_lock lock(arenas_mutex);
@@ -192,6 +198,14 @@ void pool_resource::impl::free_into(detail::arena& a, detail::block* b, std::uin
   a.free.insert(b);
 }
 
+void pool_resource::impl::flush_quick(detail::arena& a) {
+  a.quick.drain([&](detail::block* b) {
+    a.live.erase(b->address);
+    b->cached = false;
+    free_into(a, b, b->free_epoch);
+  });
+}
+
 void pool_resource::impl::note_free(detail::arena& a, std::size_t bytes) {
   ++a.unfenced_count;
   a.unfenced_bytes += bytes;
@@ -254,6 +268,12 @@ void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
   const std::size_t need = alignment > impl::granule ? size + alignment - impl::granule : size;
   {
     std::lock_guard lock(a.lock);
+    if (detail::block* b = a.quick.pop(size, alignment)) [[likely]] {
+      b->cached = false;
+      b->requested_bytes = bytes;
+      a.used_bytes += b->size;
+      return reinterpret_cast<void*>(b->address);
+    }
     if (detail::block* b = a.free.find(need)) [[likely]] {
       return p.carve(a, b, size, bytes, alignment, true);
     }
@@ -268,15 +288,20 @@ void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   {
     std::lock_guard lock(a.lock);
-    if (detail::block* b = a.live.find(address)) [[likely]] {
+    if (detail::block* b = a.live.find(address); b != nullptr && !b->cached) [[likely]] {
       if (b->requested_bytes != bytes) {
         throw logic_error("gpumem::pool_resource::deallocate: pointer " + hex(ptr) + " has " +
                           std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
       }
-      a.live.erase(address);
       a.used_bytes -= b->size;
       const std::size_t size = b->size;
-      p.free_into(a, b, ++a.frees);
+      b->free_epoch = ++a.frees;
+      if (a.quick.push(b)) {
+        b->cached = true;  // stays in `live` so the next allocation of its size skips the map
+      } else {
+        a.live.erase(address);
+        p.free_into(a, b, b->free_epoch);
+      }
       p.note_free(a, size);
       return;
     }
