@@ -16,7 +16,9 @@ namespace gpumem::bench {
 
 // ---- subjects ---------------------------------------------------------------
 
-enum class subject_kind { gpumem, peer };
+// A reference row is measured like the others but never is the best peer: it
+// is there to be read against (malloc: the host cost an allocator should match).
+enum class subject_kind { gpumem, peer, reference };
 
 // One row of every table. `make` builds a fresh resource on `device` for each
 // cell, so no row inherits another row's (or another column's) cached memory.
@@ -28,6 +30,10 @@ struct subject {
 
 // Every row this build knows, in table order (subjects.cpp).
 std::span<const subject> all_subjects();
+
+// Rows that a workload's notes compare by name (W2: pool_resource / malloc).
+inline constexpr std::string_view pool_subject_name = "gpumem pool_resource";
+inline constexpr std::string_view malloc_subject_name = "malloc (host reference)";
 
 // ---- options ----------------------------------------------------------------
 
@@ -50,14 +56,18 @@ struct context {
 // A column: one variant of a workload, with the unit of its figure.
 struct column {
   std::string label;  // e.g. "256 B", "max 4 MiB"
-  std::string unit;   // e.g. "ns"
+  std::string unit;   // e.g. "ns"; empty for a plain number
   bool lower_is_better = true;
+  // Computed from other columns' medians (W3's scaling), not measured: no
+  // repetitions of its own and no ratio to the best peer.
+  bool derived = false;
 };
 
 enum class cell_status {
   ok,
-  failed,  // the subject ran out of memory or a driver call failed: a result, not a bug
-  error,   // anything else (logic_error, ...): the run exits 1
+  failed,   // the subject ran out of memory or a driver call failed: a result, not a bug
+  error,    // anything else (logic_error, ...): the run exits 1
+  skipped,  // the workload does not apply to the subject (message says why)
 };
 
 struct cell {
@@ -65,6 +75,9 @@ struct cell {
   std::string message;           // why, when not ok
   std::vector<double> reps;      // the figure of each timed repetition, in the column's unit
   std::uint64_t iterations = 0;  // operations timed per repetition
+  // A failure that is itself the result and was timed (W4's 25% allocation:
+  // "OOM" and how long failing took): a short word for the table; reps hold the time.
+  std::string outcome;
 
   double median() const;
   double min() const;
@@ -72,6 +85,8 @@ struct cell {
 };
 
 // ---- workloads --------------------------------------------------------------
+
+struct workload_result;
 
 class workload {
  public:
@@ -83,6 +98,12 @@ class workload {
   // One cell per column, for one subject. Expected failures (out of memory,
   // cuda_error) come back as failed cells; the workload never lets them escape.
   virtual std::vector<cell> measure(const subject& s, const context& ctx) const = 0;
+  // How a figure comes from the repetitions, for the table's footer; by
+  // default "median of N repetitions after a warm-up (host steady_clock)".
+  virtual std::string method(const options& opts) const;
+  // Lines the table prints under its footer and the JSON keeps (W2: pool_resource
+  // against malloc); none by default.
+  virtual std::vector<std::string> notes(const workload_result& result) const;
 };
 
 // Every workload this build knows, in run order (workloads/registry.cpp).

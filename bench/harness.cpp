@@ -37,6 +37,13 @@ double cell::median() const {
   return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2.0;
 }
 
+std::string workload::method(const options& opts) const {
+  return "median of " + std::to_string(opts.reps) + " repetition" + (opts.reps == 1 ? "" : "s") +
+         " after a warm-up (host steady_clock)";
+}
+
+std::vector<std::string> workload::notes(const workload_result&) const { return {}; }
+
 double cell::min() const {
   return reps.empty() ? 0.0 : *std::min_element(reps.begin(), reps.end());
 }
@@ -86,6 +93,16 @@ std::vector<double> repeat_ns_per_iteration(const std::function<void(std::uint64
 
 cell run_cell(const subject& s, const context& ctx,
               const std::function<cell(memory_resource&, stream&)>& fn) {
+  return run_cells(s, ctx, 1,
+                   [&](memory_resource& mr, stream& st) { return std::vector<cell>{fn(mr, st)}; })
+      .front();
+}
+
+std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t columns,
+                            const std::function<std::vector<cell>(memory_resource&, stream&)>& fn) {
+  const auto failed = [columns](cell_status status, std::string message) {
+    return std::vector<cell>(columns, failed_cell(status, std::move(message)));
+  };
   try {
     // Destroyed in reverse order: the stream is drained (even when fn threw)
     // before the resource goes, and outlives it, since a resource may free into it.
@@ -102,17 +119,31 @@ cell run_cell(const subject& s, const context& ctx,
     } drain{st};
     return fn(*mr, st);
   } catch (const out_of_memory& e) {
-    return failed_cell(cell_status::failed, e.what());
+    return failed(cell_status::failed, e.what());
   } catch (const cuda_error& e) {
-    return failed_cell(cell_status::failed, e.what());
+    return failed(cell_status::failed, e.what());
   } catch (const std::bad_alloc& e) {
     // Peers (RMM, later) throw their own bad_alloc-derived out-of-memory.
-    return failed_cell(cell_status::failed, std::string("out of memory: ") + e.what());
+    return failed(cell_status::failed, std::string("out of memory: ") + e.what());
   } catch (const std::exception& e) {
-    return failed_cell(cell_status::error, e.what());
+    return failed(cell_status::error, e.what());
   } catch (...) {
-    return failed_cell(cell_status::error, "unknown exception");
+    return failed(cell_status::error, "unknown exception");
   }
+}
+
+cell skipped_cell(std::string why) { return failed_cell(cell_status::skipped, std::move(why)); }
+
+std::optional<std::string> out_of_memory_from(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc& e) {
+    return std::string(e.what());
+  } catch (const cuda_error& e) {
+    if (e.result() != CUDA_ERROR_OUT_OF_MEMORY) throw;
+    return std::string(e.what());
+  }
+  return std::nullopt;
 }
 
 std::string size_label(std::size_t bytes) {

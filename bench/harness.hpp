@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,20 @@ std::vector<double> repeat_ns_per_iteration(const std::function<void(std::uint64
 // stream is synchronized before the resource is destroyed.
 cell run_cell(const subject& s, const context& ctx,
               const std::function<cell(memory_resource&, stream&)>& fn);
+
+// The same for one experiment that fills several columns (W4): fn's cells, or
+// `columns` copies of the cell an exception became.
+std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t columns,
+                            const std::function<std::vector<cell>(memory_resource&, stream&)>& fn);
+
+// A cell for a subject the workload does not apply to, saying why.
+cell skipped_cell(std::string why);
+
+// Runs fn and, when it runs out of memory, returns the message instead of
+// throwing: gpumem's out_of_memory (any std::bad_alloc) or a driver call's
+// CUDA_ERROR_OUT_OF_MEMORY (as the raw peers throw it). Anything else
+// propagates. For workloads where running out is a result (W4).
+std::optional<std::string> out_of_memory_from(const std::function<void()>& fn);
 
 // "256 B", "1 MiB", "64 MiB", "4 KiB": exact binary units for the column labels.
 std::string size_label(std::size_t bytes);

@@ -49,10 +49,11 @@ void print_help(std::ostream& out) {
          "Measures gpumem's resources and peer allocators on the standard workloads\n"
          "(BENCHMARKS.md) on device 0 and prints one table per workload: each cell is the\n"
          "median over the repetitions and, in parentheses, its ratio to the best peer in\n"
-         "that column (below 1: faster than the best peer).\n"
+         "that column, taken so that below 1 is better than the best peer in every column\n"
+         "(inverted where higher is better, as ops/s).\n"
          "\n"
          "options:\n"
-         "  --workloads LIST   comma-separated ids or names to run (default: all), e.g. W1,W2\n"
+         "  --workloads LIST   comma-separated ids or names to run (default: all), e.g. W1,W3\n"
          "  --subjects LIST    comma-separated rows to run (default: all), e.g.\n"
          "                     \"gpumem cuda_resource,cuMemAllocAsync\"\n"
          "  --reps N           timed repetitions per cell, after a warm-up (default 5; 2 with "
@@ -77,6 +78,7 @@ void print_list(std::ostream& out) {
   }
   out << "subjects:\n";
   for (const subject& s : all_subjects()) {
+    // A reference row's name says that it is one.
     out << "  " << s.name << (s.kind == subject_kind::peer ? "  (peer)" : "") << "\n";
   }
 }
@@ -310,14 +312,19 @@ int run(int argc, char** argv) {
     res.w = w;
     res.columns = w->columns(opts);
     for (const subject* s : subjects) {
+      auto error_cell = [](std::string message) {
+        cell c;
+        c.status = cell_status::error;
+        c.message = std::move(message);
+        return c;
+      };
       std::vector<cell> cells;
       try {
         cells = w->measure(*s, ctx);
       } catch (const std::exception& e) {  // workloads catch what they expect; this is a bug
-        cells.assign(res.columns.size(), cell{cell_status::error, e.what(), {}, 0});
+        cells.assign(res.columns.size(), error_cell(e.what()));
       }
-      cells.resize(res.columns.size(),
-                   cell{cell_status::error, "workload returned no cell", {}, 0});
+      cells.resize(res.columns.size(), error_cell("workload returned no cell"));
       for (const cell& c : cells) errored = errored || c.status == cell_status::error;
       res.rows.push_back({s, std::move(cells)});
     }

@@ -1,9 +1,11 @@
 // The run header, the tables and the JSON file of gpumem-bench (report.hpp).
 #include "report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string_view>
+#include <utility>
 
 namespace gpumem::bench {
 namespace {
@@ -18,25 +20,6 @@ std::string with_thousands(long long v) {
   return v < 0 ? "-" + out : out;
 }
 
-// Three significant figures or more: 4.04, 63.5, 208, 56,895.
-std::string format_figure(double v) {
-  if (std::abs(v) >= 999.5) return with_thousands(std::llround(v));
-  char buf[32];
-  std::snprintf(buf, sizeof buf,
-                std::abs(v) >= 99.95   ? "%.0f"
-                : std::abs(v) >= 9.995 ? "%.1f"
-                                       : "%.2f",
-                v);
-  return buf;
-}
-
-std::string format_ratio(double r) {
-  if (r >= 99.5) return with_thousands(std::llround(r)) + "x";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, r >= 9.995 ? "%.1fx" : "%.2fx", r);
-  return buf;
-}
-
 std::string format_bytes(std::size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
@@ -47,7 +30,16 @@ std::string cuda_version_text(int v) {
   return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
 
-std::string_view kind_name(subject_kind k) { return k == subject_kind::peer ? "peer" : "gpumem"; }
+std::string_view kind_name(subject_kind k) {
+  switch (k) {
+    case subject_kind::peer:
+      return "peer";
+    case subject_kind::reference:
+      return "reference";
+    default:
+      return "gpumem";
+  }
+}
 
 std::string_view status_name(cell_status s) {
   switch (s) {
@@ -55,9 +47,22 @@ std::string_view status_name(cell_status s) {
       return "ok";
     case cell_status::failed:
       return "failed";
+    case cell_status::skipped:
+      return "skipped";
     default:
       return "error";
   }
+}
+
+// A row's name in the tables: peers are marked; a reference row says so in its name.
+std::string row_name(const subject& s) {
+  return std::string(s.name) + (s.kind == subject_kind::peer ? " (peer)" : "");
+}
+
+// A figure with its unit: "63.5 ns", "4.04 Mops/s", "0.833"; ratios ("x") as ratios.
+std::string figure_text(double v, const std::string& unit) {
+  if (unit == "x") return format_ratio(v);
+  return unit.empty() ? format_figure(v) : format_figure(v) + " " + unit;
 }
 
 std::string pad(const std::string& s, std::size_t width, bool right) {
@@ -97,8 +102,30 @@ std::string json_number(double v) {
 
 }  // namespace
 
+std::string format_figure(double v) {
+  const double a = std::abs(v);
+  if (a >= 999.5) return with_thousands(std::llround(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf,
+                a >= 99.95    ? "%.0f"
+                : a >= 9.995  ? "%.1f"
+                : a >= 0.9995 ? "%.2f"
+                : a >= 0.01   ? "%.3f"
+                              : "%.2g",
+                v);
+  return buf;
+}
+
+std::string format_ratio(double r) {
+  if (r >= 99.5) return with_thousands(std::llround(r)) + "x";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, r >= 9.995 ? "%.1fx" : "%.2fx", r);
+  return buf;
+}
+
 std::optional<std::size_t> best_peer(const workload_result& result, std::size_t col) {
   std::optional<std::size_t> best;
+  if (result.columns[col].derived) return best;
   const bool lower = result.columns[col].lower_is_better;
   for (std::size_t r = 0; r < result.rows.size(); ++r) {
     const auto& row = result.rows[r];
@@ -122,7 +149,10 @@ std::optional<double> ratio_to_best_peer(const workload_result& result, std::siz
   if (!best || c.status != cell_status::ok || c.reps.empty()) return std::nullopt;
   const double b = result.rows[*best].cells[col].median();
   if (b <= 0) return std::nullopt;
-  return c.median() / b;
+  if (result.columns[col].lower_is_better) return c.median() / b;
+  // Higher is better (a throughput, a fraction): inverted, so below 1 stays better.
+  if (c.median() <= 0) return std::nullopt;
+  return b / c.median();
 }
 
 void print_header(std::ostream& out, const run_info& info) {
@@ -144,16 +174,48 @@ void print_table(std::ostream& out, const run_info& info, const options& opts,
   std::vector<std::vector<std::string>> text(result.rows.size());
   for (std::size_t r = 0; r < result.rows.size(); ++r) {
     const auto& row = result.rows[r];
+    // One footnote per reason in a row: a row skipped as a whole, or failing the
+    // same way in several columns, says so once.
+    std::vector<std::pair<std::string, std::size_t>> notes_of_row;  // message, footnote number
+    auto footnote = [&](const cell& c) {
+      const std::string key = std::string(status_name(c.status)) + ": " + c.message;
+      for (const auto& [k, n] : notes_of_row) {
+        if (k == key) return n;
+      }
+      std::string where;
+      for (std::size_t col = 0; col < result.columns.size(); ++col) {
+        const cell& other = row.cells[col];
+        if (other.status == c.status && other.message == c.message) {
+          where += ", " + result.columns[col].label;
+        }
+      }
+      const bool whole_row = std::all_of(row.cells.begin(), row.cells.end(), [&](const cell& o) {
+        return o.status == c.status && o.message == c.message;
+      });
+      footnotes.push_back(std::string(row.s->name) + (whole_row ? "" : where) + ": " + c.message);
+      notes_of_row.emplace_back(key, footnotes.size());
+      return footnotes.size();
+    };
     for (std::size_t col = 0; col < result.columns.size(); ++col) {
       const cell& c = row.cells[col];
-      if (c.status != cell_status::ok) {
-        footnotes.push_back(std::string(row.s->name) + ", " + result.columns[col].label + ": " +
-                            c.message);
-        text[r].push_back(std::string(status_name(c.status)) + " [" +
-                          std::to_string(footnotes.size()) + "]");
+      const std::string& unit = result.columns[col].unit;
+      if (c.status != cell_status::ok && result.columns[col].derived &&
+          std::none_of(row.cells.begin(), row.cells.end(), [&](const cell& o) {
+            return &o != &c && o.status == c.status && o.message == c.message;
+          })) {
+        // A derived figure that lacks an input: the input's own cell has the footnote.
+        text[r].push_back("n/a");
         continue;
       }
-      std::string t = format_figure(c.median()) + " " + result.columns[col].unit;
+      if (c.status != cell_status::ok) {
+        const std::string mark = " [" + std::to_string(footnote(c)) + "]";
+        // A timed failure (W4's OOM) shows how long failing took.
+        text[r].push_back(!c.outcome.empty() && !c.reps.empty()
+                              ? c.outcome + " " + figure_text(c.median(), unit) + mark
+                              : std::string(status_name(c.status)) + mark);
+        continue;
+      }
+      std::string t = figure_text(c.median(), unit);
       if (const auto ratio = ratio_to_best_peer(result, r, col))
         t += " (" + format_ratio(*ratio) + ")";
       text[r].push_back(std::move(t));
@@ -161,10 +223,7 @@ void print_table(std::ostream& out, const run_info& info, const options& opts,
   }
 
   std::size_t name_width = std::string_view("subject").size();
-  for (const auto& row : result.rows) {
-    name_width =
-        std::max(name_width, row.s->name.size() + (row.s->kind == subject_kind::peer ? 7 : 0));
-  }
+  for (const auto& row : result.rows) name_width = std::max(name_width, row_name(*row.s).size());
   std::vector<std::size_t> widths;
   for (std::size_t col = 0; col < result.columns.size(); ++col) {
     std::size_t width = result.columns[col].label.size();
@@ -182,23 +241,33 @@ void print_table(std::ostream& out, const run_info& info, const options& opts,
   for (std::size_t width : widths) rule += 3 + width;
   out << std::string(rule, '-') << "\n";
   for (std::size_t r = 0; r < result.rows.size(); ++r) {
-    const subject& s = *result.rows[r].s;
-    const std::string name = std::string(s.name) + (s.kind == subject_kind::peer ? " (peer)" : "");
-    out << pad(name, name_width, false);
+    out << pad(row_name(*result.rows[r].s), name_width, false);
     for (std::size_t col = 0; col < widths.size(); ++col)
       out << " | " << pad(text[r][col], widths[col], true);
     out << "\n";
   }
 
-  bool all_lower = true;
-  for (const column& c : result.columns) all_lower = all_lower && c.lower_is_better;
-  out << "figure: " << w.figure() << ", median of " << opts.reps << " repetition"
-      << (opts.reps == 1 ? "" : "s") << " after a warm-up (host steady_clock)"
-      << (opts.quick ? "; --quick run" : "") << "\n"
-      << "(x): figure / the best peer's in the column; "
-      << (all_lower ? "below 1 is faster than the best peer"
-                    : "above 1 is better than the best peer")
+  // Which way the ratios were taken: below 1 is better than the best peer in
+  // every column, whichever way its figure points.
+  std::string lower, higher;
+  for (const column& c : result.columns) {
+    if (c.derived) continue;
+    std::string& list = c.lower_is_better ? lower : higher;
+    list += (list.empty() ? "" : ", ") + c.label;
+  }
+  out << "figure: " << w.figure() << "; " << w.method(opts) << (opts.quick ? "; --quick run" : "")
       << "\n";
+  if (higher.empty()) {
+    out << "(x): figure / the best peer's in the column; below 1 is faster than the best peer\n";
+  } else if (lower.empty()) {
+    out << "(x): the best peer's figure / this one (higher is better here, so the ratio is "
+           "inverted); below 1 is better than the best peer\n";
+  } else {
+    out << "(x): figure / the best peer's in " << lower << "; the best peer's / figure in "
+        << higher << " (higher is better there); below 1 is better than the best peer in "
+        << "all columns\n";
+  }
+  for (const std::string& note : w.notes(result)) out << note << "\n";
   for (std::size_t i = 0; i < footnotes.size(); ++i) {
     out << "[" << i + 1 << "] " << footnotes[i] << "\n";
   }
@@ -229,13 +298,18 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
     const workload_result& res = results[wi];
     out << (wi ? "," : "") << "\n    {\"id\": " << json_string(res.w->id())
         << ", \"name\": " << json_string(res.w->name())
-        << ", \"figure\": " << json_string(res.w->figure()) << ",\n     \"columns\": [";
+        << ", \"figure\": " << json_string(res.w->figure())
+        << ", \"method\": " << json_string(res.w->method(opts)) << ",\n     \"notes\": [";
+    const std::vector<std::string> notes = res.w->notes(res);
+    for (std::size_t i = 0; i < notes.size(); ++i) out << (i ? ", " : "") << json_string(notes[i]);
+    out << "],\n     \"columns\": [";
     for (std::size_t col = 0; col < res.columns.size(); ++col) {
       const column& c = res.columns[col];
       const auto best = best_peer(res, col);
       out << (col ? ", " : "") << "{\"variant\": " << json_string(c.label)
           << ", \"unit\": " << json_string(c.unit)
           << ", \"lower_is_better\": " << (c.lower_is_better ? "true" : "false")
+          << ", \"derived\": " << (c.derived ? "true" : "false")
           << ", \"best_peer\": " << (best ? json_string(res.rows[*best].s->name) : "null") << "}";
     }
     out << "],\n     \"subjects\": [";
@@ -248,8 +322,12 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
         out << (col ? "," : "") << "\n        {\"variant\": " << json_string(res.columns[col].label)
             << ", \"status\": " << json_string(status_name(c.status));
         if (c.status != cell_status::ok) {
-          out << ", \"message\": " << json_string(c.message) << "}";
-          continue;
+          out << ", \"message\": " << json_string(c.message);
+          if (c.outcome.empty() || c.reps.empty()) {
+            out << "}";
+            continue;
+          }
+          out << ", \"outcome\": " << json_string(c.outcome);  // and the time it took, below
         }
         const auto ratio = ratio_to_best_peer(res, r, col);
         out << ", \"unit\": " << json_string(res.columns[col].unit)

@@ -37,11 +37,19 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
                 const std::vector<workload_result>& results);
 
 // Row index of the best peer in `col` (lowest median, or highest where higher
-// is better) among peers that succeeded; none when no peer did.
+// is better) among peers that succeeded; none when no peer did, and in derived
+// columns. Reference rows are never the best peer.
 std::optional<std::size_t> best_peer(const workload_result& result, std::size_t col);
 
-// Median of the cell over the best peer's median; none without a best peer.
+// The cell against the best peer, oriented so that below 1 is better in every
+// column: median / best peer's median where lower is better, best peer's
+// median / median where higher is better. None without a best peer.
 std::optional<double> ratio_to_best_peer(const workload_result& result, std::size_t row,
                                          std::size_t col);
+
+// Three significant figures or more: 4.04, 63.5, 208, 56,895; 0.833 below 1.
+std::string format_figure(double v);
+// A ratio: 0.03x, 1.46x, 93.8x, 146x.
+std::string format_ratio(double r);
 
 }  // namespace gpumem::bench

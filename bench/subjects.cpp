@@ -1,6 +1,7 @@
 // The rows of every table: gpumem's resources first, then the peers they are
-// measured against. Adding a row is one line here (a peer also gets a file in
-// peers/). A resource built on an upstream needs a factory that owns both.
+// measured against, then the reference rows (never a best peer). Adding a row
+// is one line here (a peer also gets a file in peers/). A resource built on an
+// upstream needs a factory that owns both.
 #include <memory>
 
 #include "bench.hpp"
@@ -22,10 +23,11 @@ std::unique_ptr<memory_resource> pool_over_cuda(int device) {
 }
 
 constexpr subject subjects[] = {
-    {"gpumem pool_resource", subject_kind::gpumem, &pool_over_cuda},
+    {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {"cuMemAlloc", subject_kind::peer, &peers::make_raw_cumemalloc},
     {"cuMemAllocAsync", subject_kind::peer, &peers::make_raw_cumemallocasync},
+    {malloc_subject_name, subject_kind::reference, &peers::make_malloc_reference},
 };
 
 }  // namespace

@@ -66,21 +66,26 @@ void throw_cuda_error(CUresult result, const char* api, const char* file, int li
   throw cuda_error(result, api, file, line);
 }
 
+namespace {
+// The table to name errors with. Never driver(): an error raised while the backend
+// is being selected (under its lock) must not select again.
+const driver_api* naming_table() noexcept {
+  if (const driver_api* d = driver_if_selected()) return d;
+  return load_cuda_driver().table;
+}
+}  // namespace
+
 std::string_view error_name(CUresult result) noexcept {
   const char* s = nullptr;
-  try {
-    if (driver().cuGetErrorName(result, &s) == CUDA_SUCCESS && s != nullptr) return s;
-  } catch (...) {
-  }
+  const driver_api* d = naming_table();
+  if (d != nullptr && d->cuGetErrorName(result, &s) == CUDA_SUCCESS && s != nullptr) return s;
   return "CUDA_ERROR_UNKNOWN_CODE";
 }
 
 std::string_view error_string(CUresult result) noexcept {
   const char* s = nullptr;
-  try {
-    if (driver().cuGetErrorString(result, &s) == CUDA_SUCCESS && s != nullptr) return s;
-  } catch (...) {
-  }
+  const driver_api* d = naming_table();
+  if (d != nullptr && d->cuGetErrorString(result, &s) == CUDA_SUCCESS && s != nullptr) return s;
   return "no description available";
 }
 

@@ -18,6 +18,10 @@ std::unique_ptr<memory_resource> make_raw_cumemalloc(int device);
 // threshold UINT64_MAX (raw_cumemallocasync.cpp).
 std::unique_ptr<memory_resource> make_raw_cumemallocasync(int device);
 
+// std::malloc / std::free on the host, whatever `device` is: the reference row
+// (malloc_reference.cpp), not a peer.
+std::unique_ptr<memory_resource> make_malloc_reference(int device);
+
 // Makes `device`'s primary context current on the calling thread unless this
 // thread already did so, as the CUDA runtime does once per thread: the raw
 // driver calls need a current context, and a per-call cuCtxGetCurrent would be

@@ -4,7 +4,8 @@
 namespace gpumem::bench {
 
 std::span<const workload* const> all_workloads() {
-  static const workload* const list[] = {&w1_pair(), &w2_random()};
+  static const workload* const list[] = {&w1_pair(), &w2_random(), &w3_threads(),
+                                         &w4_fragmentation()};
   return list;
 }
 

@@ -9,5 +9,7 @@ namespace gpumem::bench {
 
 const workload& w1_pair();
 const workload& w2_random();
+const workload& w3_threads();
+const workload& w4_fragmentation();
 
 }  // namespace gpumem::bench

@@ -3,48 +3,27 @@
 // one. The figure is nanoseconds per op, over a fixed op sequence that ends by
 // freeing everything and synchronizing the stream, all inside the timed region.
 // It measures an allocator under churn: splitting, coalescing, size classes.
+// The sequence and its replay live in random_ops.hpp, which W3 shares.
 #include <cstdint>
-#include <random>
-#include <utility>
 
 #include "harness.hpp"
+#include "report.hpp"
+#include "workloads/random_ops.hpp"
 #include "workloads/registry.hpp"
 
 namespace gpumem::bench {
 namespace {
 
-constexpr std::size_t max_live = 1000;
 constexpr std::uint64_t seed = 1;
 constexpr std::size_t max_sizes[] = {std::size_t{4} << 10, std::size_t{4} << 20};
 
 std::size_t op_count(const options& opts) { return opts.quick ? 4000 : 20000; }
 
-// bytes > 0: allocate that many. bytes == 0: free live allocation number `index`
-// (the live set is a vector; a free moves the last entry into the hole).
-struct op {
-  std::uint32_t bytes;
-  std::uint32_t index;
-};
-
-// The op sequence, computed before any timing and identical for every row.
-// Drawn with plain arithmetic on mt19937_64 rather than std::*_distribution,
-// whose output differs between standard libraries, so that every build agrees.
-std::vector<op> make_ops(std::size_t count, std::size_t max_bytes) {
-  std::mt19937_64 rng(seed);
-  std::vector<op> ops;
-  ops.reserve(count);
-  std::size_t live = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    const bool allocate = live == 0 || (live < max_live && (rng() >> 63) == 0);
-    if (allocate) {
-      ops.push_back({static_cast<std::uint32_t>(1 + rng() % max_bytes), 0});
-      ++live;
-    } else {
-      ops.push_back({0, static_cast<std::uint32_t>(rng() % live)});
-      --live;
-    }
+const workload_result::row* find_row(const workload_result& result, std::string_view name) {
+  for (const auto& row : result.rows) {
+    if (row.s->name == name) return &row;
   }
-  return ops;
+  return nullptr;
 }
 
 class random_workload final : public workload {
@@ -62,42 +41,11 @@ class random_workload final : public workload {
   std::vector<cell> measure(const subject& s, const context& ctx) const override {
     std::vector<cell> out;
     for (std::size_t max_bytes : max_sizes) {
-      const std::vector<op> ops = make_ops(op_count(ctx.opts), max_bytes);
+      const std::vector<random_op> ops = make_random_ops(op_count(ctx.opts), max_bytes, seed);
       out.push_back(run_cell(s, ctx, [&](memory_resource& mr, stream& st) {
-        std::vector<std::pair<void*, std::size_t>> live;
-        live.reserve(max_live);
-        auto free_all = [&] {
-          while (!live.empty()) {
-            mr.deallocate(live.back().first, live.back().second, st);
-            live.pop_back();
-          }
-        };
-        auto body = [&](std::uint64_t) {
-          try {
-            for (const op& o : ops) {
-              if (o.bytes != 0) {
-                live.emplace_back(mr.allocate(o.bytes, st), o.bytes);
-              } else {
-                mr.deallocate(live[o.index].first, live[o.index].second, st);
-                live[o.index] = live.back();
-                live.pop_back();
-              }
-            }
-            free_all();
-            st.synchronize();
-          } catch (...) {
-            // Leave the resource empty before it is destroyed; the first error is the one reported.
-            while (!live.empty()) {
-              const auto [p, bytes] = live.back();
-              live.pop_back();
-              try {
-                mr.deallocate(p, bytes, st);
-              } catch (...) {
-              }
-            }
-            throw;
-          }
-        };
+        live_allocations live;
+        live.reserve(random_max_live);
+        auto body = [&](std::uint64_t) { replay_random_ops(mr, st, ops, live); };
         cell c;
         c.iterations = ops.size();
         body(c.iterations);  // warm-up repetition
@@ -106,6 +54,24 @@ class random_workload final : public workload {
       }));
     }
     return out;
+  }
+
+  // The pool's host cost against glibc malloc on the same op sequence: the
+  // simulator's figures are host code, so this is where that criterion is read.
+  std::vector<std::string> notes(const workload_result& result) const override {
+    const auto* pool = find_row(result, pool_subject_name);
+    const auto* host = find_row(result, malloc_subject_name);
+    if (pool == nullptr || host == nullptr) return {};
+    std::string line;
+    for (std::size_t col = 0; col < result.columns.size(); ++col) {
+      const cell& p = pool->cells[col];
+      const cell& m = host->cells[col];
+      if (p.status != cell_status::ok || m.status != cell_status::ok || m.median() <= 0) continue;
+      line += (line.empty() ? "" : ", ") + format_ratio(p.median() / m.median()) + " (" +
+              result.columns[col].label + ")";
+    }
+    if (line.empty()) return {};
+    return {"pool_resource / malloc: " + line + "; below 1: the pool costs the host less"};
   }
 };
 

@@ -66,6 +66,8 @@ const driver_api& driver() {
   return d;
 }
 
+const driver_api* driver_if_selected() noexcept { return selected.load(std::memory_order_acquire); }
+
 backend_kind select(backend_choice choice) {
   std::lock_guard lock(selection_mutex);
   const driver_api& wanted = resolve(choice);

@@ -33,6 +33,8 @@ GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_CHECK_ENTRY_ABI)
 // The table of the selected backend; selects it on first use (GPUMEM_BACKEND or
 // select_backend()). Throws driver_unavailable when the backend cannot be used.
 GPUMEM_EXPORT const driver_api& driver();
+// The selected backend's table, or null before selection; never selects or locks.
+const driver_api* driver_if_selected() noexcept;
 
 // Throws gpumem::cuda_error for a failed call. Cold path kept out of line.
 [[noreturn]] GPUMEM_EXPORT void throw_cuda_error(CUresult result, const char* api, const char* file, int line);

@@ -28,8 +28,9 @@ TEST(CurrentResource, DefaultIsAPoolOfTheDevice) {
 }
 
 TEST(CurrentResource, SetReturnsThePreviousAndNullRestoresTheDefault) {
+  auto before = get_current_resource(0);  // made now if this is the first use
   auto mine = std::make_shared<cuda_resource>(0);
-  auto before = set_current_resource(0, mine);
+  EXPECT_EQ(set_current_resource(0, mine), before);
   EXPECT_EQ(get_current_resource(0), mine);
   auto back = set_current_resource(0, before);
   EXPECT_EQ(back, mine);

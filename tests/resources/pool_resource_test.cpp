@@ -342,7 +342,9 @@ TEST_F(Pool, RandomOperationsMatchAReferenceModel) {
       const auto a = reinterpret_cast<std::uintptr_t>(p);
       ASSERT_EQ(a % alignment, 0U);
       auto next = model.lower_bound(a);
-      if (next != model.end()) ASSERT_LE(a + bytes, next->first) << "overlaps the next allocation";
+      if (next != model.end()) {
+        ASSERT_LE(a + bytes, next->first) << "overlaps the next allocation";
+      }
       if (next != model.begin()) {
         auto prev = std::prev(next);
         ASSERT_LE(prev->first + prev->second, a) << "overlaps the previous allocation";

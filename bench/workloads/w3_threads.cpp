@@ -1,0 +1,223 @@
+// W3 threads: W2's max 4 MiB variant on 1, 4 and 16 threads sharing one
+// resource, each thread with its own non-blocking stream and its own op
+// sequence (seed 1 + thread index). The figure is aggregate millions of ops per
+// second, timed from a start barrier that releases every thread at once to the
+// last thread's finish; each thread frees what it still holds and synchronizes
+// its stream inside that time. It measures an allocator under contention:
+// shared locks, per-stream state, what a thread pays for the others.
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <iterator>
+#include <thread>
+#include <utility>
+
+#include "gpumem/device.hpp"
+#include "harness.hpp"
+#include "workloads/random_ops.hpp"
+#include "workloads/registry.hpp"
+
+namespace gpumem::bench {
+namespace {
+
+constexpr std::size_t thread_counts[] = {1, 4, 16};
+constexpr std::size_t max_bytes = std::size_t{4} << 20;
+constexpr std::uint64_t first_seed = 1;
+
+std::size_t ops_per_thread(const options& opts) { return opts.quick ? 2000 : 20000; }
+
+using clock_type = std::chrono::steady_clock;
+
+// Takes a timestamp each time the barrier's phase completes: after the last
+// thread arrives and before any is released, so the start stamp is the moment
+// all threads go and the finish stamp the moment the last one is done.
+struct stamp {
+  clock_type::time_point* at;
+  void operator()() noexcept { *at = clock_type::now(); }
+};
+
+// Threads that run their op sequences on `mr` once per run(), all started by
+// one barrier. They live for the whole cell, so the warm-up pays for each
+// thread's first use (context, the pool's per-thread cache) and no timed run
+// pays for creating threads.
+class team {
+ public:
+  team(memory_resource& mr, int device, std::vector<stream>& streams,
+       const std::vector<std::vector<random_op>>& ops)
+      : mr_(mr),
+        device_(device),
+        streams_(streams),
+        ops_(ops),
+        errors_(ops.size()),
+        live_(ops.size()),
+        sync_(static_cast<std::ptrdiff_t>(ops.size() + 1), stamp{&now_}) {
+    for (auto& l : live_) l.reserve(random_max_live);
+    threads_.reserve(ops.size());
+    try {
+      for (std::size_t i = 0; i < ops.size(); ++i) threads_.emplace_back([this, i] { work(i); });
+    } catch (...) {
+      // The threads made so far wait at the start barrier for all the others.
+      for (std::size_t i = threads_.size(); i < ops.size(); ++i) sync_.arrive_and_drop();
+      stop_and_join();
+      throw;
+    }
+  }
+
+  ~team() { stop_and_join(); }
+
+  team(const team&) = delete;
+  team& operator=(const team&) = delete;
+
+  // Seconds from the start barrier to the last thread's finish; rethrows the
+  // error of the lowest-numbered thread that failed.
+  double run() {
+    sync_.arrive_and_wait();  // start: every thread is waiting, all go
+    const auto start = now_;
+    sync_.arrive_and_wait();  // finish: the last thread is done
+    const auto finish = now_;
+    for (std::exception_ptr& e : errors_) {
+      if (e) std::rethrow_exception(std::exchange(e, nullptr));
+    }
+    return std::chrono::duration<double>(finish - start).count();
+  }
+
+ private:
+  void work(std::size_t i) {
+    try {
+      // As a CUDA runtime thread does on its first call; the peers need a current context.
+      set_current_device(device_);
+    } catch (...) {
+      errors_[i] = std::current_exception();
+    }
+    for (;;) {
+      sync_.arrive_and_wait();
+      if (stop_.load(std::memory_order_relaxed)) return;
+      if (!errors_[i]) {
+        try {
+          replay_random_ops(mr_, streams_[i], ops_[i], live_[i]);
+        } catch (...) {
+          errors_[i] = std::current_exception();
+        }
+      }
+      sync_.arrive_and_wait();
+    }
+  }
+
+  void stop_and_join() {
+    if (threads_.empty()) return;
+    // The barrier orders the store before the threads read it.
+    stop_.store(true, std::memory_order_relaxed);
+    sync_.arrive_and_wait();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  memory_resource& mr_;
+  int device_;
+  std::vector<stream>& streams_;
+  const std::vector<std::vector<random_op>>& ops_;
+  std::vector<std::exception_ptr> errors_;  // one per thread, read after the finish barrier
+  std::vector<live_allocations> live_;
+  clock_type::time_point now_{};
+  std::atomic<bool> stop_{false};
+  std::barrier<stamp> sync_;  // the threads and run()'s caller
+  std::vector<std::thread> threads_;
+};
+
+class threads_workload final : public workload {
+ public:
+  std::string_view id() const override { return "W3"; }
+  std::string_view name() const override { return "threads"; }
+  std::string_view figure() const override {
+    return "millions of ops (allocate or free) per second, all threads together";
+  }
+
+  std::vector<column> columns(const options&) const override {
+    std::vector<column> out;
+    for (std::size_t n : thread_counts) {
+      out.push_back({std::to_string(n) + (n == 1 ? " thread" : " threads"), "Mops/s", false});
+    }
+    out.push_back({"scaling 16/1", "x", false, true});
+    return out;
+  }
+
+  std::string method(const options& opts) const override {
+    return workload::method(opts) + ", from the start barrier to the last thread's finish";
+  }
+
+  std::vector<cell> measure(const subject& s, const context& ctx) const override {
+    std::vector<cell> out;
+    for (std::size_t threads : thread_counts) {
+      std::vector<std::vector<random_op>> ops;
+      for (std::size_t i = 0; i < threads; ++i) {
+        ops.push_back(make_random_ops(ops_per_thread(ctx.opts), max_bytes, first_seed + i));
+      }
+      // The cell's own stream goes unused: every thread brings its own.
+      out.push_back(run_cell(s, ctx, [&](memory_resource& mr, stream&) {
+        if (!mr.properties().thread_safe) {
+          return skipped_cell("not thread-safe (properties().thread_safe is false)");
+        }
+        std::vector<stream> streams;
+        for (std::size_t i = 0; i < threads; ++i) {
+          streams.emplace_back(ctx.device, stream::flags::non_blocking);
+        }
+        // Drained (also on error) before the streams and then the resource go.
+        struct drain_on_exit {
+          std::vector<stream>& streams;
+          ~drain_on_exit() {
+            for (stream& st : streams) {
+              try {
+                st.synchronize();
+              } catch (...) {  // already failing; the cell says why
+              }
+            }
+          }
+        } drain{streams};
+        team t(mr, ctx.device, streams, ops);
+        cell c;
+        c.iterations = threads * ops_per_thread(ctx.opts);
+        const double mops = static_cast<double>(c.iterations) / 1e6;
+        (void)t.run();  // warm-up repetition
+        for (int r = 0; r < ctx.opts.reps; ++r) c.reps.push_back(mops / t.run());
+        return c;
+      }));
+    }
+    out.push_back(scaling(out.front(), out.back()));
+    return out;
+  }
+
+  std::vector<std::string> notes(const workload_result&) const override {
+    std::vector<std::string> lines = {
+        "scaling 16/1: the 16-thread median / the 1-thread median; above 1: more ops/s with 16 "
+        "threads"};
+    const unsigned host = std::thread::hardware_concurrency();
+    if (host < thread_counts[std::size(thread_counts) - 1]) {
+      lines.push_back("this host has " + std::to_string(host) +
+                      " hardware threads: the threads beyond that take turns on them");
+    }
+    return lines;
+  }
+
+ private:
+  static cell scaling(const cell& one, const cell& many) {
+    // A row skipped as a whole keeps one reason in every column.
+    if (one.status == cell_status::skipped) return one;
+    if (one.status != cell_status::ok || many.status != cell_status::ok || one.median() <= 0) {
+      return skipped_cell("no scaling without both the 1- and the 16-thread figure");
+    }
+    cell c;
+    c.reps = {many.median() / one.median()};
+    return c;
+  }
+};
+
+}  // namespace
+
+const workload& w3_threads() {
+  static const threads_workload w;
+  return w;
+}
+
+}  // namespace gpumem::bench

@@ -1,0 +1,153 @@
+// W4 fragmentation: allocate 64 MiB blocks until 90% of the device's memory is
+// held, free every other one, then time one allocation of 25% of total memory
+// and find by bisection the largest allocation that still succeeds. Figures:
+// milliseconds for the 25% allocation (running out is a result: "OOM" and how
+// long failing took), and largest / (total - live). It measures what an
+// allocator can make of memory that is free but scattered: a pool that keeps
+// its chunks cannot join the holes; one that hands memory back to the driver,
+// or remaps it, can.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpumem/device.hpp"
+#include "harness.hpp"
+#include "workloads/registry.hpp"
+
+namespace gpumem::bench {
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+constexpr std::size_t block_bytes = 64 * mib;
+
+using clock_type = std::chrono::steady_clock;
+
+// The largest whole number of MiB, up to `limit_mib`, that `mr` can allocate
+// now: bisection, each probe freed at once and the stream synchronized, so the
+// state probed stays the same and no probe meets the last one's free in flight.
+// `probes` counts the allocations tried.
+std::size_t largest_mib(memory_resource& mr, stream& st, std::size_t limit_mib,
+                        std::uint64_t& probes) {
+  std::size_t fits = 0, fails = limit_mib + 1;  // fits succeeds (0: trivially), fails does not
+  while (fails - fits > 1) {
+    const std::size_t mid = fits + (fails - fits) / 2;
+    ++probes;
+    const bool ok = !out_of_memory_from([&] {
+      void* p = mr.allocate(mid * mib, st);
+      mr.deallocate(p, mid * mib, st);
+      st.synchronize();
+    });
+    (ok ? fits : fails) = mid;
+  }
+  return fits;
+}
+
+class fragmentation_workload final : public workload {
+ public:
+  std::string_view id() const override { return "W4"; }
+  std::string_view name() const override { return "fragmentation"; }
+  std::string_view figure() const override {
+    return "ms to allocate 25% of total memory; largest allocation that succeeds / (total - live)";
+  }
+
+  std::vector<column> columns(const options&) const override {
+    return {{"25% alloc (ms)", "ms", true}, {"largest/(total-live)", "", false}};
+  }
+
+  // No warm-up and no repetitions: a run takes 90% of the device, and what a
+  // second one measured would depend on what the first left cached.
+  std::string method(const options&) const override {
+    return "one repetition, no warm-up (host steady_clock)";
+  }
+
+  std::vector<cell> measure(const subject& s, const context& ctx) const override {
+    return run_cells(s, ctx, 2, [&](memory_resource& mr, stream& st) -> std::vector<cell> {
+      if (mr.properties().device != ctx.device) {
+        const cell skip = skipped_cell("does not hand out device " + std::to_string(ctx.device) +
+                                       "'s memory, which W4 fills");
+        return {skip, skip};
+      }
+      const std::size_t total = device_memory_info(ctx.device).total_bytes;
+      std::vector<void*> blocks;  // held by the workload; freed on every way out
+      try {
+        // Fill to 90%, or until the resource runs out first (then less is live).
+        while (blocks.size() * block_bytes * 10 < total * 9) {
+          void* p = nullptr;
+          if (out_of_memory_from([&] { p = mr.allocate(block_bytes, st); })) break;
+          blocks.push_back(p);
+        }
+        // Free the second, fourth, ... block: live blocks and 64 MiB holes alternate.
+        std::size_t kept = 0;
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          if (i % 2 == 0) {
+            blocks[kept++] = std::exchange(blocks[i], nullptr);
+          } else {
+            void* p = std::exchange(blocks[i], nullptr);
+            mr.deallocate(p, block_bytes, st);
+          }
+        }
+        blocks.resize(kept);
+        // The frees are complete before the clock starts: the timed allocation
+        // meets fragmented memory, not frees still in flight.
+        st.synchronize();
+        const std::size_t live = blocks.size() * block_bytes;
+
+        cell quarter;
+        quarter.iterations = 1;
+        const std::size_t quarter_bytes = total / 4;
+        void* big = nullptr;
+        const auto t0 = clock_type::now();
+        const auto oom = out_of_memory_from([&] { big = mr.allocate(quarter_bytes, st); });
+        const auto t1 = clock_type::now();
+        quarter.reps = {std::chrono::duration<double, std::milli>(t1 - t0).count()};
+        if (oom) {
+          quarter.status = cell_status::failed;
+          quarter.outcome = "OOM";
+          quarter.message = *oom;
+        } else {
+          mr.deallocate(big, quarter_bytes, st);
+          st.synchronize();
+        }
+
+        cell largest;
+        const std::size_t free_bytes = total - live;
+        const std::size_t found = largest_mib(mr, st, free_bytes / mib, largest.iterations);
+        largest.reps = {static_cast<double>(found * mib) / static_cast<double>(free_bytes)};
+
+        while (!blocks.empty()) {
+          mr.deallocate(blocks.back(), block_bytes, st);
+          blocks.pop_back();
+        }
+        st.synchronize();
+        return {quarter, largest};
+      } catch (...) {
+        // Leave the resource empty before it is destroyed; the first error is the one reported.
+        for (void* p : blocks) {
+          try {
+            if (p != nullptr) mr.deallocate(p, block_bytes, st);
+          } catch (...) {
+          }
+        }
+        throw;
+      }
+    });
+  }
+
+  std::vector<std::string> notes(const workload_result&) const override {
+    return {
+        "set-up: 64 MiB blocks until 90% of total memory is held, then every other one "
+        "freed (live: those still held) and the stream synchronized",
+        "largest: bisection over whole MiB up to total - live, each probe freed at once"};
+  }
+};
+
+}  // namespace
+
+const workload& w4_fragmentation() {
+  static const fragmentation_workload w;
+  return w;
+}
+
+}  // namespace gpumem::bench

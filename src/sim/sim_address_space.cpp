@@ -1,0 +1,199 @@
+// One simulated device's memory: address-range reservation, first-fit placement,
+// page protection and capacity accounting (see sim_address_space.hpp).
+#include "sim/sim_address_space.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <new>
+
+namespace gpumem::detail::simulator {
+namespace {
+
+// The reserved range is this many times the capacity, so first-fit placement
+// has room to spare however the allocations fragment it.
+constexpr std::size_t reservation_factor = 4;
+
+constexpr int reserved_protection = PROT_NONE;
+constexpr int reserved_flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
+// Maps `bytes` of PROT_NONE address space, shrinking the slack factor if the
+// host cannot give that much (huge GPUMEM_SIM_MEMORY with many devices).
+std::byte* reserve(std::size_t capacity, std::size_t& reserved) {
+  const std::size_t unit = device_address_space::granularity();
+  const std::size_t minimum = round_up(capacity, unit);
+  for (std::size_t factor = reservation_factor; factor >= 1; factor /= 2) {
+    if (minimum > std::numeric_limits<std::size_t>::max() / factor) continue;
+    const std::size_t bytes = minimum * factor;
+    void* p = mmap(nullptr, bytes, reserved_protection, reserved_flags, -1, 0);
+    if (p != MAP_FAILED) {
+      reserved = bytes;
+      return static_cast<std::byte*>(p);
+    }
+  }
+  throw std::bad_alloc();
+}
+
+}  // namespace
+
+std::size_t device_address_space::granularity() {
+  static const std::size_t unit = std::max<std::size_t>(4096, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
+  return unit;
+}
+
+device_address_space::device_address_space(int device, std::size_t capacity)
+    : device_(device), capacity_(capacity) {
+  base_ = reserve(capacity, reserved_);
+  free_ranges_.emplace(0, reserved_);
+}
+
+device_address_space::~device_address_space() {
+  // Only reached when building the simulator fails part way; the simulator
+  // itself is never destroyed.
+  munmap(base_, reserved_);
+}
+
+CUresult device_address_space::allocate(std::size_t bytes, allocation_kind kind, CUdeviceptr* out) {
+  const std::size_t unit = granularity();
+  if (bytes > std::numeric_limits<std::size_t>::max() - unit) return CUDA_ERROR_OUT_OF_MEMORY;
+  const std::size_t footprint = round_up(bytes, unit);
+
+  std::lock_guard lock(mutex_);
+  if (footprint > capacity_ - used_) return CUDA_ERROR_OUT_OF_MEMORY;
+  // First fit in address order: simple, and keeps allocations packed low.
+  auto hole = std::find_if(free_ranges_.begin(), free_ranges_.end(),
+                           [&](const auto& range) { return range.second >= footprint; });
+  if (hole == free_ranges_.end()) return CUDA_ERROR_OUT_OF_MEMORY;
+
+  const std::size_t offset = hole->first;
+  std::byte* address = base_ + offset;
+  // Fails only if the host runs out of mappings (vm.max_map_count) or commit.
+  if (mprotect(address, footprint, PROT_READ | PROT_WRITE) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+
+  const std::size_t hole_length = hole->second;
+  free_ranges_.erase(hole);
+  if (hole_length > footprint) free_ranges_.emplace(offset + footprint, hole_length - footprint);
+
+  const auto base = reinterpret_cast<CUdeviceptr>(address);
+  live_.emplace(base, allocation{base, bytes, footprint, device_, kind, false});
+  used_ += footprint;
+  if (kind == allocation_kind::stream_ordered) {
+    pool_.current += footprint;
+    pool_.used_high = std::max(pool_.used_high, pool_.current);
+    pool_.reserved_high = std::max(pool_.reserved_high, pool_.current);
+  }
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+void device_address_space::release_locked(std::map<CUdeviceptr, allocation>::iterator it) {
+  const allocation a = it->second;
+  live_.erase(it);
+  used_ -= a.footprint;
+  if (a.kind == allocation_kind::stream_ordered) pool_.current -= a.footprint;
+
+  // A fresh PROT_NONE mapping over the pages: they fault on use and their
+  // memory goes back to the host at once (like MADV_DONTNEED + mprotect, in one call).
+  void* address = reinterpret_cast<void*>(a.base);
+  if (mmap(address, a.footprint, reserved_protection, reserved_flags | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    // Cannot happen for a range we own short of the host running out of mappings;
+    // fall back to taking away access, which cannot fail for lack of memory.
+    madvise(address, a.footprint, MADV_DONTNEED);
+    mprotect(address, a.footprint, PROT_NONE);
+  }
+
+  // Give the range back to the free map, coalescing with its neighbours.
+  std::size_t offset = static_cast<std::size_t>(reinterpret_cast<std::byte*>(address) - base_);
+  std::size_t length = a.footprint;
+  auto next = free_ranges_.lower_bound(offset);
+  if (next != free_ranges_.end() && offset + length == next->first) {
+    length += next->second;
+    next = free_ranges_.erase(next);
+  }
+  if (next != free_ranges_.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second == offset) {
+      previous->second += length;
+      return;
+    }
+  }
+  free_ranges_.emplace(offset, length);
+}
+
+CUresult device_address_space::free(CUdeviceptr base) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  release_locked(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult device_address_space::mark_free_pending(CUdeviceptr base) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  it->second.free_pending = true;
+  return CUDA_SUCCESS;
+}
+
+void device_address_space::complete_pending_free(CUdeviceptr base) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it != live_.end() && it->second.free_pending) release_locked(it);
+}
+
+void device_address_space::cancel_pending_free(CUdeviceptr base) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it != live_.end()) it->second.free_pending = false;
+}
+
+std::optional<allocation> device_address_space::find(CUdeviceptr p) const {
+  const auto lo = reinterpret_cast<CUdeviceptr>(base_);
+  if (p < lo || p - lo >= reserved_) return std::nullopt;  // not this device's: no lock needed
+  std::lock_guard lock(mutex_);
+  auto it = live_.upper_bound(p);  // first allocation starting after p
+  if (it == live_.begin()) return std::nullopt;
+  --it;
+  if (!it->second.contains(p)) return std::nullopt;
+  return it->second;
+}
+
+bool device_address_space::overlaps_reserved_range(CUdeviceptr p, std::size_t bytes) const {
+  const auto lo = reinterpret_cast<CUdeviceptr>(base_);
+  const CUdeviceptr hi = lo + reserved_;
+  // [p, p + bytes) and [lo, hi) intersect; the caller has checked p + bytes does not wrap.
+  return p < hi && p + bytes > lo;
+}
+
+std::size_t device_address_space::used_bytes() const {
+  std::lock_guard lock(mutex_);
+  return used_;
+}
+
+std::size_t device_address_space::live_allocations() const {
+  std::lock_guard lock(mutex_);
+  return live_.size();
+}
+
+pool_usage device_address_space::stream_ordered_usage() const {
+  std::lock_guard lock(mutex_);
+  return pool_;
+}
+
+void device_address_space::reset_used_high() {
+  std::lock_guard lock(mutex_);
+  pool_.used_high = pool_.current;
+}
+
+void device_address_space::reset_reserved_high() {
+  std::lock_guard lock(mutex_);
+  pool_.reserved_high = pool_.current;
+}
+
+}  // namespace gpumem::detail::simulator

@@ -1,0 +1,98 @@
+// The simulator's driver table: reads the configuration, creates the simulator,
+// initializes it as the real loader would (cuInit), and wires every entry point.
+#include "sim/sim_driver.hpp"
+
+#include <string>
+
+#include "gpumem/error.hpp"
+#include "sim/sim_config.hpp"
+#include "sim/sim_entry_points.hpp"
+#include "sim/sim_state.hpp"
+
+namespace gpumem::detail {
+namespace {
+
+driver_api build_sim_driver_table() {
+  using namespace simulator;
+  const sim_config config = read_config_from_environment();  // throws logic_error if malformed
+  start_simulator(config);
+
+  driver_api table;
+  table.kind = backend_kind::sim;
+  // cuda.h maps some names to versioned symbols (cuMemAlloc -> cuMemAlloc_v2...);
+  // the members are spelled the same way, so they line up. Assigning checks each
+  // function's signature against cuda.h's.
+  table.cuInit = &init;
+  table.cuDriverGetVersion = &driver_get_version;
+  table.cuGetErrorName = &get_error_name;
+  table.cuGetErrorString = &get_error_string;
+  table.cuDeviceGetCount = &device_get_count;
+  table.cuDeviceGet = &device_get;
+  table.cuDeviceGetName = &device_get_name;
+  table.cuDeviceTotalMem = &device_total_mem;
+  table.cuDeviceGetAttribute = &device_get_attribute;
+  table.cuDevicePrimaryCtxRetain = &device_primary_ctx_retain;
+  table.cuCtxGetCurrent = &ctx_get_current;
+  table.cuCtxSetCurrent = &ctx_set_current;
+  table.cuCtxGetDevice = &ctx_get_device;
+  table.cuCtxSynchronize = &ctx_synchronize;
+  table.cuStreamCreate = &stream_create;
+  table.cuStreamCreateWithPriority = &stream_create_with_priority;
+  table.cuStreamDestroy = &stream_destroy;
+  table.cuStreamGetDevice = &stream_get_device;
+  table.cuStreamSynchronize = &stream_synchronize;
+  table.cuStreamQuery = &stream_query;
+  table.cuStreamWaitEvent = &stream_wait_event;
+  table.cuLaunchHostFunc = &launch_host_func;
+  table.cuEventCreate = &event_create;
+  table.cuEventDestroy = &event_destroy;
+  table.cuEventRecord = &event_record;
+  table.cuEventQuery = &event_query;
+  table.cuEventSynchronize = &event_synchronize;
+  table.cuEventElapsedTime = &event_elapsed_time;
+  table.cuMemAlloc = &mem_alloc;
+  table.cuMemFree = &mem_free;
+  table.cuMemAllocAsync = &mem_alloc_async;
+  table.cuMemFreeAsync = &mem_free_async;
+  table.cuDeviceGetDefaultMemPool = &device_get_default_mem_pool;
+  table.cuMemPoolSetAttribute = &mem_pool_set_attribute;
+  table.cuMemPoolGetAttribute = &mem_pool_get_attribute;
+  table.cuMemPoolTrimTo = &mem_pool_trim_to;
+  table.cuMemGetInfo = &mem_get_info;
+  table.cuMemGetAddressRange = &mem_get_address_range;
+  table.cuPointerGetAttribute = &pointer_get_attribute;
+  table.cuMemcpy = &memcpy_sync;
+  table.cuMemcpyAsync = &memcpy_async;
+  table.cuMemsetD8 = &memset_d8_sync;
+  table.cuMemsetD8Async = &memset_d8_async;
+
+  // The real loader calls cuInit too; gpumem's driver() does not for either backend.
+  if (table.cuInit(0) != CUDA_SUCCESS) {
+    throw logic_error("gpumem simulator: cannot reserve host address space for GPUMEM_SIM_DEVICES=" +
+                      std::to_string(config.device_count) + " devices of GPUMEM_SIM_MEMORY=" +
+                      std::to_string(config.memory_per_device) + " bytes; lower them");
+  }
+  return table;
+}
+
+// An entry point added to entry_points.hpp but not wired above would be a null
+// call later; refuse to hand out such a table.
+bool every_entry_point_set(const driver_api& table) {
+#define GPUMEM_SIM_CHECK_ENTRY(name, version) &&table.name != nullptr
+  return true GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_SIM_CHECK_ENTRY);
+#undef GPUMEM_SIM_CHECK_ENTRY
+}
+
+}  // namespace
+
+const driver_api& sim_driver_table() {
+  // If building throws (malformed GPUMEM_SIM_*), the next call tries again and throws again.
+  static const driver_api table = [] {
+    driver_api t = build_sim_driver_table();
+    if (!every_entry_point_set(t)) throw logic_error("gpumem simulator: an entry point is not wired");
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace gpumem::detail

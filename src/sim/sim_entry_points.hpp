@@ -1,0 +1,69 @@
+// The simulator's implementation of every driver entry point, one function each
+// with cuda.h's signature (sim_driver.cpp puts them in the driver_api table,
+// whose member types check the signatures). Grouped by the file defining them.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda.h>
+
+namespace gpumem::detail::simulator {
+
+// sim_device.cpp: initialization, devices, contexts.
+CUresult init(unsigned int flags);
+CUresult driver_get_version(int* version);
+CUresult device_get_count(int* count);
+CUresult device_get(CUdevice* device, int ordinal);
+CUresult device_get_name(char* name, int length, CUdevice device);
+CUresult device_total_mem(std::size_t* bytes, CUdevice device);
+CUresult device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
+CUresult device_primary_ctx_retain(CUcontext* context, CUdevice device);
+CUresult ctx_get_current(CUcontext* context);
+CUresult ctx_set_current(CUcontext context);
+CUresult ctx_get_device(CUdevice* device);
+CUresult ctx_synchronize();
+
+// sim_errors.cpp
+CUresult get_error_name(CUresult error, const char** name);
+CUresult get_error_string(CUresult error, const char** text);
+
+// sim_stream.cpp
+CUresult stream_create(CUstream* stream, unsigned int flags);
+CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int priority);
+CUresult stream_destroy(CUstream stream);
+CUresult stream_get_device(CUstream stream, CUdevice* device);
+CUresult stream_synchronize(CUstream stream);
+CUresult stream_query(CUstream stream);
+CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
+
+// sim_event.cpp
+CUresult event_create(CUevent* event, unsigned int flags);
+CUresult event_destroy(CUevent event);
+CUresult event_record(CUevent event, CUstream stream);
+CUresult event_query(CUevent event);
+CUresult event_synchronize(CUevent event);
+CUresult event_elapsed_time(float* milliseconds, CUevent start, CUevent end);
+CUresult stream_wait_event(CUstream stream, CUevent event, unsigned int flags);
+
+// sim_memory.cpp
+CUresult mem_alloc(CUdeviceptr* pointer, std::size_t bytes);
+CUresult mem_free(CUdeviceptr pointer);
+CUresult mem_get_info(std::size_t* free, std::size_t* total);
+CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr pointer);
+CUresult pointer_get_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
+
+// sim_pool.cpp
+CUresult mem_alloc_async(CUdeviceptr* pointer, std::size_t bytes, CUstream stream);
+CUresult mem_free_async(CUdeviceptr pointer, CUstream stream);
+CUresult device_get_default_mem_pool(CUmemoryPool* pool, CUdevice device);
+CUresult mem_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value);
+CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value);
+CUresult mem_pool_trim_to(CUmemoryPool pool, std::size_t min_bytes_to_keep);
+
+// sim_copy.cpp
+CUresult memcpy_sync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes);
+CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream);
+CUresult memset_d8_sync(CUdeviceptr dst, unsigned char value, std::size_t count);
+CUresult memset_d8_async(CUdeviceptr dst, unsigned char value, std::size_t count, CUstream stream);
+
+}  // namespace gpumem::detail::simulator

@@ -1,0 +1,216 @@
+// Streams: workers, FIFO execution, the legacy default stream's rules, and the
+// stream entry points (see sim_stream.hpp).
+#include "sim/sim_stream.hpp"
+
+#include <thread>
+
+#include "sim/sim_entry_points.hpp"
+#include "sim/sim_state.hpp"
+
+namespace gpumem::detail::simulator {
+
+bool stream_position::reached() const { return stream->has_reached(sequence); }
+void stream_position::wait() const { stream->wait_for(sequence); }
+
+sim_stream::sim_stream(sim_context& context, stream_kind kind, passkey)
+    : context_(context), kind_(kind) {}
+
+std::shared_ptr<sim_stream> sim_stream::start(sim_context& context, stream_kind kind) {
+  auto stream = std::make_shared<sim_stream>(context, kind, passkey{});
+  // Detached: the worker owns a reference and ends by itself after close();
+  // at process exit it may still be blocked waiting for work, which is harmless
+  // because nothing it touches is ever destroyed.
+  std::thread([stream] { stream->run_worker(); }).detach();
+  return stream;
+}
+
+int sim_stream::device() const { return context_.device(); }
+
+void sim_stream::run_worker() {
+  mark_worker_thread();  // host functions run here and must not call the driver
+  for (;;) {
+    queued_work item;
+    {
+      std::unique_lock lock(mutex_);
+      work_available_.wait(lock, [&] { return !queue_.empty() || closed_; });
+      if (queue_.empty()) break;  // closed and drained
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Device-side waits (cuStreamWaitEvent, legacy rules): this stream stalls, the host does not.
+    for (const stream_position& p : item.prerequisites) p.wait();
+    item.run();
+    item = {};  // drop what the work held (other streams, events) before reporting progress
+    {
+      std::lock_guard lock(mutex_);
+      ++completed_;
+    }
+    progress_.notify_all();
+  }
+  context_.remove_stream(this);
+}
+
+std::optional<stream_position> sim_stream::submit(std::vector<stream_position> prerequisites, work w) {
+  std::uint64_t sequence = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) return std::nullopt;
+    queue_.push_back(queued_work{std::move(prerequisites), std::move(w)});
+    sequence = ++submitted_;
+  }
+  work_available_.notify_one();
+  return stream_position{shared_from_this(), sequence};
+}
+
+std::optional<stream_position> sim_stream::pending_tail() {
+  std::lock_guard lock(mutex_);
+  if (completed_ == submitted_) return std::nullopt;
+  return stream_position{shared_from_this(), submitted_};
+}
+
+bool sim_stream::idle() const {
+  std::lock_guard lock(mutex_);
+  return completed_ == submitted_;
+}
+
+bool sim_stream::has_reached(std::uint64_t sequence) const {
+  std::lock_guard lock(mutex_);
+  return completed_ >= sequence;
+}
+
+void sim_stream::wait_for(std::uint64_t sequence) const {
+  std::unique_lock lock(mutex_);
+  progress_.wait(lock, [&] { return completed_ >= sequence; });
+}
+
+void sim_stream::synchronize() {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t target = submitted_;
+  progress_.wait(lock, [&] { return completed_ >= target; });
+}
+
+void sim_stream::close() {
+  {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+  }
+  work_available_.notify_one();
+}
+
+bool is_default_stream_handle(CUstream handle) {
+  return handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD;
+}
+
+CUresult resolve_stream(sim_state& state, CUstream handle, std::shared_ptr<sim_stream>& out) {
+  if (is_default_stream_handle(handle)) {
+    sim_context* context = nullptr;
+    if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+    out = context->legacy_stream();
+    return CUDA_SUCCESS;
+  }
+  out = state.streams.find(handle);
+  return out != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult enqueue(const std::shared_ptr<sim_stream>& stream, sim_stream::work w,
+                 std::vector<stream_position> prerequisites, stream_position* position) {
+  // Each position captured here is of work queued before this call, so waits
+  // only ever point backwards in submission order and cannot form a cycle.
+  sim_context& context = stream->context();
+  switch (stream->kind()) {
+    case stream_kind::legacy_default:
+      for (const auto& other : context.streams()) {
+        if (other->kind() == stream_kind::blocking) {
+          if (auto tail = other->pending_tail()) prerequisites.push_back(std::move(*tail));
+        }
+      }
+      break;
+    case stream_kind::blocking:
+      if (auto legacy = context.started_legacy_stream()) {
+        if (auto tail = legacy->pending_tail()) prerequisites.push_back(std::move(*tail));
+      }
+      break;
+    case stream_kind::non_blocking:
+      break;
+  }
+  auto queued = stream->submit(std::move(prerequisites), std::move(w));
+  if (!queued) return CUDA_ERROR_INVALID_HANDLE;
+  if (position != nullptr) *position = std::move(*queued);
+  return CUDA_SUCCESS;
+}
+
+// ---- entry points ----
+
+namespace {
+
+CUresult create_stream(CUstream* handle, unsigned int flags) {
+  return entry_point([&](sim_state& state) {
+    sim_context* context = nullptr;
+    if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+    auto stream = sim_stream::start(
+        *context, flags == CU_STREAM_NON_BLOCKING ? stream_kind::non_blocking : stream_kind::blocking);
+    context->add_stream(stream);
+    state.streams.add(stream);
+    *handle = to_handle(stream.get());
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+CUresult stream_create(CUstream* stream, unsigned int flags) { return create_stream(stream, flags); }
+
+CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int /*priority*/) {
+  // Priorities are accepted and not modelled: every stream has its own worker anyway.
+  return create_stream(stream, flags);
+}
+
+CUresult stream_destroy(CUstream handle) {
+  return entry_point([&](sim_state& state) {
+    if (is_default_stream_handle(handle)) return CUDA_ERROR_INVALID_HANDLE;
+    std::shared_ptr<sim_stream> stream = state.streams.remove(handle);
+    if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    stream->close();  // returns at once; queued work still runs
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult stream_get_device(CUstream handle, CUdevice* device) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *device = stream->device();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult stream_synchronize(CUstream handle) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    stream->synchronize();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult stream_query(CUstream handle) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    return stream->idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  });
+}
+
+CUresult launch_host_func(CUstream handle, CUhostFn fn, void* user_data) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return enqueue(stream, [fn, user_data] { fn(user_data); });
+  });
+}
+
+}  // namespace gpumem::detail::simulator

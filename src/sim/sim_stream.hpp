@@ -1,0 +1,107 @@
+// Streams: FIFO queues of work, each run asynchronously by its own host worker
+// thread, and the legacy default stream's implicit synchronization rules.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <cuda.h>
+
+namespace gpumem::detail::simulator {
+
+class sim_context;
+class sim_state;
+class sim_stream;
+
+// A point in a stream's work: reached once the stream has completed its first
+// `sequence` items. Events record positions; waits and the legacy rules wait for them.
+struct stream_position {
+  std::shared_ptr<sim_stream> stream;
+  std::uint64_t sequence = 0;
+
+  bool reached() const;
+  void wait() const;
+};
+
+enum class stream_kind {
+  legacy_default,  // handle 0 / CU_STREAM_LEGACY (and CU_STREAM_PER_THREAD, see docs/simulator.md)
+  blocking,        // CU_STREAM_DEFAULT: synchronizes with the legacy default stream
+  non_blocking,    // CU_STREAM_NON_BLOCKING: does not
+};
+
+class sim_stream : public std::enable_shared_from_this<sim_stream> {
+  struct passkey {};
+
+ public:
+  using work = std::function<void()>;
+
+  // Creates a stream and starts its worker. The caller registers it with the context.
+  static std::shared_ptr<sim_stream> start(sim_context& context, stream_kind kind);
+  sim_stream(sim_context& context, stream_kind kind, passkey);
+
+  sim_context& context() const { return context_; }
+  int device() const;
+  stream_kind kind() const { return kind_; }
+
+  // Appends `w`, to run once every prerequisite is reached and all earlier work
+  // of this stream is done. Returns the position just after it, or nullopt if
+  // the stream was destroyed (closed) meanwhile.
+  std::optional<stream_position> submit(std::vector<stream_position> prerequisites, work w);
+
+  // The position after the work queued so far, or nullopt when all of it is done.
+  std::optional<stream_position> pending_tail();
+  bool idle() const;
+  bool has_reached(std::uint64_t sequence) const;
+  void wait_for(std::uint64_t sequence) const;
+  // Waits for the work queued so far (not for work queued meanwhile).
+  void synchronize();
+
+  // cuStreamDestroy: no more work is accepted; the worker finishes what is
+  // queued, leaves the context's stream list and ends.
+  void close();
+
+ private:
+  struct queued_work {
+    std::vector<stream_position> prerequisites;
+    work run;
+  };
+  void run_worker();
+
+  sim_context& context_;
+  const stream_kind kind_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_available_;
+  mutable std::condition_variable progress_;
+  std::deque<queued_work> queue_;
+  std::uint64_t submitted_ = 0;
+  std::uint64_t completed_ = 0;
+  bool closed_ = false;
+};
+
+inline CUstream to_handle(sim_stream* stream) { return reinterpret_cast<CUstream>(stream); }
+
+// 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's legacy default stream.
+bool is_default_stream_handle(CUstream handle);
+
+// The stream behind a handle. CUDA_ERROR_INVALID_CONTEXT for a default-stream
+// handle without a current context, CUDA_ERROR_INVALID_HANDLE for a handle that
+// is not a live stream.
+CUresult resolve_stream(sim_state& state, CUstream handle, std::shared_ptr<sim_stream>& out);
+
+// Queues work on a stream under the legacy default stream's rules: work on the
+// legacy stream also waits for all work queued before it on the context's
+// blocking streams, and work on a blocking stream also waits for the work queued
+// before it on the legacy stream. CUDA_ERROR_INVALID_HANDLE if the stream was
+// destroyed meanwhile.
+CUresult enqueue(const std::shared_ptr<sim_stream>& stream, sim_stream::work w,
+                 std::vector<stream_position> prerequisites = {},
+                 stream_position* position = nullptr);
+
+}  // namespace gpumem::detail::simulator

@@ -1,0 +1,274 @@
+// Simulator: streams run their work in order on their own workers, concurrently
+// with each other, and follow the legacy default stream's rules.
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "sim_test_support.hpp"
+
+namespace gpumem::sim_test {
+namespace {
+
+class sim_stream_test : public sim_test {
+ protected:
+  CUstream make_stream(unsigned int flags = CU_STREAM_NON_BLOCKING) {
+    CUstream s = nullptr;
+    EXPECT_EQ(cu().cuStreamCreate(&s, flags), CUDA_SUCCESS);
+    created_.push_back(s);
+    return s;
+  }
+  void TearDown() override {
+    for (CUstream s : created_) EXPECT_EQ(cu().cuStreamDestroy(s), CUDA_SUCCESS);
+    sim_test::TearDown();
+  }
+
+  // A log host functions append to, in the order they run.
+  struct run_log {
+    std::mutex mutex;
+    std::vector<int> order;
+    void add(int i) {
+      std::lock_guard lock(mutex);
+      order.push_back(i);
+    }
+    std::vector<int> get() {
+      std::lock_guard lock(mutex);
+      return order;
+    }
+  };
+
+ private:
+  std::vector<CUstream> created_;
+};
+
+TEST_F(sim_stream_test, work_on_one_stream_runs_in_fifo_order) {
+  CUstream s = make_stream();
+  run_log log;
+  std::vector<int> expected;
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(launch(s, [&log, i] { log.add(i); }), CUDA_SUCCESS);
+    expected.push_back(i);
+  }
+  ASSERT_EQ(cu().cuStreamSynchronize(s), CUDA_SUCCESS);
+  EXPECT_EQ(log.get(), expected);
+}
+
+TEST_F(sim_stream_test, work_runs_asynchronously_and_query_reports_it) {
+  CUstream s = make_stream();
+  gate& g = new_gate();
+  ASSERT_EQ(launch(s, [&] { g.wait(); }), CUDA_SUCCESS);  // returns before the work ran
+  EXPECT_EQ(cu().cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  g.open();
+  ASSERT_EQ(cu().cuStreamSynchronize(s), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuStreamQuery(s), CUDA_SUCCESS);
+}
+
+TEST_F(sim_stream_test, a_blocked_stream_does_not_block_another) {
+  CUstream blocked = make_stream();
+  CUstream free_running = make_stream();
+  gate& g = new_gate();
+  std::atomic<bool> blocked_ran{false}, other_ran{false};
+  ASSERT_EQ(launch(blocked, [&] { g.wait(); blocked_ran = true; }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(free_running, [&] { other_ran = true; }), CUDA_SUCCESS);
+
+  EXPECT_TRUE(eventually([&] { return cu().cuStreamQuery(free_running) == CUDA_SUCCESS; }));
+  EXPECT_TRUE(other_ran);
+  EXPECT_FALSE(blocked_ran);
+  EXPECT_EQ(cu().cuStreamQuery(blocked), CUDA_ERROR_NOT_READY);
+  g.open();
+  ASSERT_EQ(cu().cuStreamSynchronize(blocked), CUDA_SUCCESS);
+  EXPECT_TRUE(blocked_ran);
+}
+
+TEST_F(sim_stream_test, create_flags_and_priority) {
+  CUstream s = nullptr;
+  EXPECT_EQ(cu().cuStreamCreate(&s, 2), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu().cuStreamCreate(nullptr, CU_STREAM_DEFAULT), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu().cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, -1), CUDA_SUCCESS);
+  run_log log;
+  ASSERT_EQ(launch(s, [&] { log.add(1); }), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamSynchronize(s), CUDA_SUCCESS);
+  EXPECT_EQ(log.get(), std::vector<int>{1});
+  EXPECT_EQ(cu().cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+TEST_F(sim_stream_test, stream_device_is_the_creating_context_device) {
+  CUstream on_device1 = nullptr;
+  {
+    current_device d1(1);
+    ASSERT_EQ(cu().cuStreamCreate(&on_device1, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+    CUdevice dev = -1;
+    ASSERT_EQ(cu().cuStreamGetDevice(nullptr, &dev), CUDA_SUCCESS);
+    EXPECT_EQ(dev, 1);  // the default stream: the current context's device
+  }
+  CUdevice dev = -1;
+  ASSERT_EQ(cu().cuStreamGetDevice(on_device1, &dev), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 1);  // whatever is current now
+  ASSERT_EQ(cu().cuStreamGetDevice(CU_STREAM_LEGACY, &dev), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 0);
+  ASSERT_EQ(cu().cuStreamGetDevice(CU_STREAM_PER_THREAD, &dev), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 0);
+  EXPECT_EQ(cu().cuStreamGetDevice(on_device1, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu().cuStreamDestroy(on_device1), CUDA_SUCCESS);
+}
+
+TEST_F(sim_stream_test, destroy_returns_at_once_and_queued_work_still_runs) {
+  CUstream s = nullptr;
+  ASSERT_EQ(cu().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  gate& g = new_gate();
+  std::atomic<bool> ran{false};
+  ASSERT_EQ(launch(s, [&] { g.wait(); }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(s, [&] { ran = true; }), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamDestroy(s), CUDA_SUCCESS);  // does not wait for the gate
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(cu().cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(launch(s, [] {}), CUDA_ERROR_INVALID_HANDLE);
+  g.open();
+  // cuCtxSynchronize also waits for destroyed streams' queued work.
+  ASSERT_EQ(cu().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_TRUE(ran);
+}
+
+TEST_F(sim_stream_test, ctx_synchronize_waits_for_every_stream_of_the_context) {
+  CUstream a = make_stream();
+  CUstream b = make_stream(CU_STREAM_DEFAULT);
+  std::atomic<int> done{0};
+  for (CUstream s : {a, b, static_cast<CUstream>(nullptr)}) {
+    ASSERT_EQ(launch(s, [&] { std::this_thread::sleep_for(20ms); ++done; }), CUDA_SUCCESS);
+  }
+  ASSERT_EQ(cu().cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(done, 3);
+}
+
+TEST_F(sim_stream_test, invalid_handles_are_reported_not_dereferenced) {
+  int not_a_stream = 0;
+  auto bogus = reinterpret_cast<CUstream>(&not_a_stream);
+  CUdevice dev = -1;
+  EXPECT_EQ(cu().cuStreamSynchronize(bogus), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuStreamQuery(bogus), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuStreamGetDevice(bogus, &dev), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuStreamDestroy(bogus), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(launch(bogus, [] {}), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuStreamDestroy(nullptr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuStreamDestroy(CU_STREAM_LEGACY), CUDA_ERROR_INVALID_HANDLE);
+  CUstream s = nullptr;
+  ASSERT_EQ(cu().cuStreamCreate(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamDestroy(s), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu().cuLaunchHostFunc(nullptr, nullptr, nullptr), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(sim_stream_test, host_functions_may_not_call_the_driver) {
+  CUstream s = make_stream();
+  CUresult from_host_function[4] = {};
+  ASSERT_EQ(launch(s,
+                   [&] {
+                     CUdeviceptr p = 0;
+                     CUcontext ctx = nullptr;
+                     from_host_function[0] = cu().cuMemAlloc(&p, 4096);
+                     from_host_function[1] = cu().cuStreamSynchronize(nullptr);
+                     from_host_function[2] = cu().cuCtxGetCurrent(&ctx);
+                     from_host_function[3] = cu().cuInit(0);
+                   }),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamSynchronize(s), CUDA_SUCCESS);
+  for (CUresult r : from_host_function) EXPECT_EQ(r, CUDA_ERROR_NOT_PERMITTED);
+}
+
+// ---- the legacy default stream ----
+
+TEST_F(sim_stream_test, legacy_stream_waits_for_earlier_work_on_blocking_streams) {
+  CUstream blocking = make_stream(CU_STREAM_DEFAULT);
+  gate& g = new_gate();
+  run_log log;
+  ASSERT_EQ(launch(blocking, [&] { g.wait(); log.add(1); }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(nullptr, [&] { log.add(2); }), CUDA_SUCCESS);
+  std::this_thread::sleep_for(settle_time);
+  EXPECT_EQ(cu().cuStreamQuery(nullptr), CUDA_ERROR_NOT_READY);
+  EXPECT_TRUE(log.get().empty());
+  g.open();
+  ASSERT_EQ(cu().cuStreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
+  EXPECT_EQ(log.get(), (std::vector<int>{1, 2}));
+}
+
+TEST_F(sim_stream_test, legacy_stream_does_not_wait_for_non_blocking_streams) {
+  CUstream non_blocking = make_stream(CU_STREAM_NON_BLOCKING);
+  gate& g = new_gate();
+  std::atomic<bool> legacy_ran{false};
+  ASSERT_EQ(launch(non_blocking, [&] { g.wait(); }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(nullptr, [&] { legacy_ran = true; }), CUDA_SUCCESS);
+  EXPECT_TRUE(eventually([&] { return legacy_ran.load(); }));
+  EXPECT_EQ(cu().cuStreamQuery(non_blocking), CUDA_ERROR_NOT_READY);
+  g.open();
+}
+
+TEST_F(sim_stream_test, blocking_streams_wait_for_earlier_legacy_work_non_blocking_do_not) {
+  CUstream blocking = make_stream(CU_STREAM_DEFAULT);
+  CUstream non_blocking = make_stream(CU_STREAM_NON_BLOCKING);
+  gate& g = new_gate();
+  run_log log;
+  ASSERT_EQ(launch(CU_STREAM_LEGACY, [&] { g.wait(); log.add(1); }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(blocking, [&] { log.add(2); }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(non_blocking, [&] { log.add(3); }), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamSynchronize(non_blocking), CUDA_SUCCESS);  // not held by the legacy stream
+  std::this_thread::sleep_for(settle_time);
+  EXPECT_EQ(log.get(), std::vector<int>{3});
+  EXPECT_EQ(cu().cuStreamQuery(blocking), CUDA_ERROR_NOT_READY);
+  g.open();
+  ASSERT_EQ(cu().cuStreamSynchronize(blocking), CUDA_SUCCESS);
+  EXPECT_EQ(log.get(), (std::vector<int>{3, 1, 2}));
+}
+
+TEST_F(sim_stream_test, legacy_rules_are_per_context) {
+  CUstream blocking_on_device1 = nullptr;
+  {
+    current_device d1(1);
+    ASSERT_EQ(cu().cuStreamCreate(&blocking_on_device1, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  }
+  gate& g = new_gate();
+  std::atomic<bool> legacy0_ran{false};
+  ASSERT_EQ(launch(blocking_on_device1, [&] { g.wait(); }), CUDA_SUCCESS);
+  ASSERT_EQ(launch(nullptr, [&] { legacy0_ran = true; }), CUDA_SUCCESS);  // device 0's legacy stream
+  EXPECT_TRUE(eventually([&] { return legacy0_ran.load(); }));
+  g.open();
+  EXPECT_EQ(cu().cuStreamSynchronize(blocking_on_device1), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuStreamDestroy(blocking_on_device1), CUDA_SUCCESS);
+}
+
+TEST_F(sim_stream_test, synchronous_memcpy_waits_for_blocking_streams) {
+  CUstream blocking = make_stream(CU_STREAM_DEFAULT);
+  int source = 0, destination = -1;
+  ASSERT_EQ(launch(blocking, [&] { std::this_thread::sleep_for(50ms); source = 42; }), CUDA_SUCCESS);
+  // Queued on the legacy stream, so it runs after the blocking stream's write.
+  ASSERT_EQ(cu().cuMemcpy(reinterpret_cast<CUdeviceptr>(&destination),
+                          reinterpret_cast<CUdeviceptr>(&source), sizeof source),
+            CUDA_SUCCESS);
+  EXPECT_EQ(destination, 42);
+}
+
+using sim_stream_DeathTest = sim_test;
+
+// Leaves streams busy, blocked and waiting on each other, then exits the process.
+[[noreturn]] void exit_with_streams_alive() {
+  static gate never_opened;  // static: outlives main, like the workers
+  CUstream busy = nullptr, blocked = nullptr;
+  CUevent e = nullptr;
+  const bool ok = cu().cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS &&
+                  cu().cuStreamCreate(&blocked, CU_STREAM_DEFAULT) == CUDA_SUCCESS &&
+                  cu().cuEventCreate(&e, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+                  launch(busy, [] { std::this_thread::sleep_for(20ms); }) == CUDA_SUCCESS &&
+                  launch(blocked, [] { never_opened.wait(); }) == CUDA_SUCCESS &&
+                  cu().cuEventRecord(e, blocked) == CUDA_SUCCESS &&
+                  cu().cuStreamWaitEvent(busy, e, 0) == CUDA_SUCCESS &&
+                  launch(nullptr, [] {}) == CUDA_SUCCESS;  // the legacy stream waits for `blocked`
+  std::exit(ok ? 0 : 1);
+}
+
+// The simulator is never torn down, so exiting with streams alive neither crashes nor hangs.
+TEST_F(sim_stream_DeathTest, process_exits_cleanly_with_streams_alive) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_streams_alive(), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace gpumem::sim_test
