@@ -19,6 +19,9 @@
 #include "gpumem/memory_resource.hpp"
 
 namespace gpumem {
+namespace detail {
+struct pool_inspector;  // tests and fuzzers check the pool's invariants through it
+}
 
 struct pool_options {
   // Reserved from the upstream when the pool is made (0: nothing until first use).
@@ -77,6 +80,7 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
   void do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                      std::size_t alignment) override;
 
+  friend struct detail::pool_inspector;
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -1,0 +1,126 @@
+// run_pool_program (pool_program.hpp).
+#include "fuzz/pool_program.hpp"
+
+#include <array>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "gpumem/stream.hpp"
+#include "pool/pool_inspector.hpp"
+
+namespace gpumem::test {
+namespace {
+
+class reader {
+ public:
+  reader(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
+  bool empty() const { return i_ >= n_; }
+  std::uint8_t byte() { return i_ < n_ ? d_[i_++] : 0; }
+  std::uint32_t u16() { return static_cast<std::uint32_t>(byte()) << 8 | byte(); }
+
+ private:
+  const std::uint8_t* d_;
+  std::size_t n_;
+  std::size_t i_ = 0;
+};
+
+struct allocation {
+  void* ptr;
+  std::size_t bytes;
+  std::size_t alignment;
+};
+
+std::array<stream, 3>& streams() {
+  static std::array<stream, 3> s{stream(0), stream(0), stream(0)};  // made once: sim streams are threads
+  return s;
+}
+
+}  // namespace
+
+std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
+  reader in(data, size);
+  cuda_resource upstream(0);
+  pool_options o;
+  o.min_chunk_bytes = std::size_t{1} << (18 + in.byte() % 4);   // 256 KiB .. 2 MiB
+  o.max_chunk_bytes = o.min_chunk_bytes << (in.byte() % 4);
+  o.fence_interval = 1 + in.byte() % 8;
+  o.reuse_across_streams = (in.byte() & 1U) != 0;
+  if ((in.byte() & 3U) == 0) o.maximum_bytes = o.max_chunk_bytes * (1 + in.byte() % 4);
+  std::map<std::uintptr_t, allocation> live;
+  std::vector<std::uintptr_t> order;
+  std::ostringstream why;
+  {
+    pool_resource pool(upstream, o);
+    auto check = [&](const char* after) -> bool {
+      const std::string v = detail::pool_inspector::violations(pool);
+      if (!v.empty()) {
+        why << "after " << after << ": " << v;
+        return false;
+      }
+      return true;
+    };
+    for (int step = 0; !in.empty() && step < 400; ++step) {
+      const std::uint8_t op = in.byte() % 8;
+      stream& s = streams()[in.byte() % 3];
+      if (op <= 3) {  // allocate
+        const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 6));
+        const std::size_t alignment = std::size_t{256} << (in.byte() % 3 == 0 ? in.byte() % 8 : 0);
+        void* p = nullptr;
+        try {
+          p = pool.allocate(bytes, s, alignment);
+        } catch (const out_of_memory&) {
+          if (!check("a failed allocation")) return why.str();
+          continue;
+        }
+        const auto a = reinterpret_cast<std::uintptr_t>(p);
+        if (a % alignment != 0) return "misaligned allocation";
+        auto next = live.lower_bound(a);
+        if (next != live.end() && a + bytes > next->first) return "overlaps the next allocation";
+        if (next != live.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) {
+          return "overlaps the previous allocation";
+        }
+        live.emplace(a, allocation{p, bytes, alignment});
+        order.push_back(a);
+        if (!check("allocate")) return why.str();
+      } else if (op <= 5 && !order.empty()) {  // free, on any stream
+        const std::size_t k = in.u16() % order.size();
+        const allocation al = live.at(order[k]);
+        pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+        live.erase(order[k]);
+        order[k] = order.back();
+        order.pop_back();
+        if (!check("deallocate")) return why.str();
+      } else if (op == 6) {
+        if (in.byte() & 1U) {
+          pool.trim(s);
+        } else {
+          pool.trim();
+        }
+        if (!check("trim")) return why.str();
+      } else {
+        const pool_statistics st = pool.statistics();
+        if (st.allocations != live.size()) return "statistics count the wrong number of allocations";
+        if (st.used_bytes + st.free_bytes != st.reserved_bytes) return "used + free != reserved";
+        if (o.maximum_bytes != 0 && st.reserved_bytes > o.maximum_bytes) return "reserved past maximum";
+        if (in.byte() % 4 == 0) {
+          pool.release();
+          if (!check("release")) return why.str();
+        }
+      }
+    }
+    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, streams()[0], al.alignment);
+    if (!check("freeing everything")) return why.str();
+    pool.release();
+    const pool_statistics st = pool.statistics();
+    if (st.reserved_bytes != 0 || st.chunks != 0) return "release() kept chunks with nothing live";
+  }
+  if (upstream.allocated_bytes() != 0) return "the pool lost upstream memory";
+  return {};
+}
+
+}  // namespace gpumem::test
