@@ -35,6 +35,9 @@ struct pool_options {
   // A stream whose own arena cannot serve a request takes other streams' free
   // memory (after an event wait on the device) before asking the upstream for more.
   bool reuse_across_streams = true;
+  // Keep freed blocks whole by exact size for the next request of that size
+  // (docs/pool.md, "Quick cache").
+  bool quick_cache = true;
   // Frees per stream between fence events, and bytes freed that force one sooner.
   unsigned fence_interval = 32;
   std::size_t fence_bytes = std::size_t{256} << 20;

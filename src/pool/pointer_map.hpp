@@ -17,7 +17,7 @@ class pointer_map {
   pointer_map() : slots_(64) {}
 
   void insert(std::uintptr_t key, block* value) {
-    if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+    if ((size_ + 1) * 2 > slots_.size()) grow();  // at most half full: short probe runs
     place(key, value);
     ++size_;
   }

@@ -296,7 +296,7 @@ void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
       a.used_bytes -= b->size;
       const std::size_t size = b->size;
       b->free_epoch = ++a.frees;
-      if (a.quick.push(b)) {
+      if (p.opt.quick_cache && a.quick.push(b)) {
         b->cached = true;  // stays in `live` so the next allocation of its size skips the map
       } else {
         a.live.erase(address);

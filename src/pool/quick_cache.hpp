@@ -1,5 +1,5 @@
 // An arena's quick cache: blocks freed on the arena's stream, kept whole by exact
-// size (a few sizes, a few blocks each) so that the next request of that size
+// size (16 sizes, direct-mapped by a hash of the size; 16 blocks each) so that the next request of that size
 // takes one at once, without splitting, coalescing or touching the free index.
 // Programs allocate the same sizes over and over (W1, training steps), so this
 // is the common case. The cache holds no memory back: every path that could
@@ -18,40 +18,31 @@ namespace gpumem::detail {
 
 class quick_cache {
  public:
-  static constexpr std::size_t sizes = 8;
+  static constexpr unsigned slot_bits = 4;  // 16 sizes, direct-mapped: one compare per call
   static constexpr unsigned depth = 16;
 
   // A cached block of exactly `size` bytes aligned to `alignment`, or null.
   block* pop(std::size_t size, std::size_t alignment) noexcept {
-    for (slot& e : slots_) {
-      if (e.size == size && e.head != nullptr) {
-        block* b = e.head;
-        if ((b->address & (alignment - 1)) != 0) return nullptr;
-        e.head = b->next_free;
-        --e.count;
-        bytes_ -= size;
-        --count_;
-        b->next_free = nullptr;
-        return b;
-      }
-    }
-    return nullptr;
+    slot& e = slot_of(size);
+    block* b = e.head;
+    if (e.size != size || b == nullptr || (b->address & (alignment - 1)) != 0) return nullptr;
+    e.head = b->next_free;
+    --e.count;
+    bytes_ -= size;
+    --count_;
+    b->next_free = nullptr;
+    return b;
   }
 
-  // Keeps `b` if its size has a slot with room (or a slot is empty); else false.
+  // Keeps `b` if its size's slot holds that size with room, or is empty; else false.
   bool push(block* b) noexcept {
-    slot* empty = nullptr;
-    for (slot& e : slots_) {
-      if (e.size == b->size) {
-        if (e.count >= depth) return false;
-        put(e, b);
-        return true;
-      }
-      if (e.count == 0 && empty == nullptr) empty = &e;
+    slot& e = slot_of(b->size);
+    if (e.count == 0) {
+      e.size = b->size;
+    } else if (e.size != b->size || e.count >= depth) {
+      return false;
     }
-    if (empty == nullptr) return false;
-    empty->size = b->size;
-    put(*empty, b);
+    put(e, b);
     return true;
   }
 
@@ -80,6 +71,9 @@ class quick_cache {
     unsigned count = 0;
     block* head = nullptr;  // linked through block::next_free
   };
+  slot& slot_of(std::size_t size) noexcept {
+    return slots_[((size >> 8) * 0x9E3779B97F4A7C15ULL) >> (64 - slot_bits)];
+  }
   void put(slot& e, block* b) noexcept {
     b->next_free = e.head;
     e.head = b;
@@ -88,7 +82,7 @@ class quick_cache {
     ++count_;
   }
 
-  std::array<slot, sizes> slots_{};
+  std::array<slot, std::size_t{1} << slot_bits> slots_{};
   std::size_t bytes_ = 0;
   std::size_t count_ = 0;
 };
