@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""W7 (python) from BENCHMARKS.md: allocation cost as Python code sees it.
+
+  (a) a raw buffer alloc+free: gpumem.DeviceBuffer(n) created and dropped, beside
+      CuPy's MemoryPool and MemoryAsyncPool (cupy.cuda.alloc) and torch.empty;
+  (b) numba.cuda.device_array(n) created and dropped, through the gpumem EMM plugin
+      and through Numba's own memory manager;
+  and, where the libraries exist, CuPy and PyTorch switched to gpumem.
+
+Sizes are uniform in [1, 1 MiB] bytes (seed 1). Every row runs in its own
+interpreter (Numba's manager and PyTorch's allocator are chosen once per process)
+on device 0 and the default stream: a warm-up pass, then calibrated repetitions
+(each about --rep-ms long); the figure is the median ns per alloc+free.
+
+    python3 python/bench/w7.py [--rows a,b] [--reps 5] [--rep-ms 200] [--json FILE] [--list]
+
+Targets (issue 7): raw DeviceBuffer <= 500 ns, device_array through the plugin <= 20 us.
+On the simulator only the host side is measured: a smoke test, not a GPU figure.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = 1 << 16  # distinct sizes, cycled
+MAX_BYTES = 1 << 20
+
+
+def sizes():
+    rng = random.Random(1)
+    return [rng.randint(1, MAX_BYTES) for _ in range(SIZES)]
+
+
+# ---- rows: each returns a function f(sizes) doing one alloc+free per size ---------
+
+
+def row_gpumem_raw():
+    from gpumem import DeviceBuffer
+
+    def run(ns):
+        for n in ns:
+            DeviceBuffer(n)
+
+    return run
+
+
+def _numba(use_gpumem):
+    import numpy as np
+    from numba import cuda
+
+    if use_gpumem:
+        import gpumem.numba
+
+        gpumem.numba.use_gpumem_for_numba()
+    cuda.current_context()  # the context (and its memory manager) now
+    device_array, u8 = cuda.device_array, np.uint8
+
+    def run(ns):
+        for n in ns:
+            device_array(n, dtype=u8)
+
+    return run
+
+
+def row_numba_gpumem():
+    return _numba(True)
+
+
+def row_numba_default():
+    return _numba(False)
+
+
+def _cupy(kind):
+    import cupy
+
+    if kind == "async":
+        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+    elif kind == "gpumem":
+        import gpumem.cupy
+
+        gpumem.cupy.use_gpumem_for_cupy()
+    alloc = cupy.cuda.alloc
+
+    def run(ns):
+        for n in ns:
+            alloc(n)
+
+    return run
+
+
+def row_cupy_pool():
+    return _cupy("pool")
+
+
+def row_cupy_async():
+    return _cupy("async")
+
+
+def row_cupy_gpumem():
+    return _cupy("gpumem")
+
+
+def _torch(use_gpumem):
+    import torch
+
+    if use_gpumem:
+        import gpumem.torch
+
+        gpumem.torch.use_gpumem_for_torch()
+    empty, u8 = torch.empty, torch.uint8
+
+    def run(ns):
+        for n in ns:
+            empty(n, dtype=u8, device="cuda")
+
+    return run
+
+
+def row_torch_default():
+    return _torch(False)
+
+
+def row_torch_gpumem():
+    return _torch(True)
+
+
+ROWS = {
+    # name: (label, builder, needs, part)
+    "gpumem-raw": ("gpumem DeviceBuffer", row_gpumem_raw, [], "a"),
+    "cupy-pool": ("CuPy MemoryPool (peer)", row_cupy_pool, ["cupy"], "a"),
+    "cupy-async": ("CuPy MemoryAsyncPool (peer)", row_cupy_async, ["cupy"], "a"),
+    "cupy-gpumem": ("CuPy through gpumem", row_cupy_gpumem, ["cupy"], "a"),
+    "torch-default": ("torch.empty, caching allocator (peer)", row_torch_default, ["torch"], "a"),
+    "torch-gpumem": ("torch.empty through gpumem", row_torch_gpumem, ["torch"], "a"),
+    "numba-gpumem": ("device_array, gpumem plugin", row_numba_gpumem, ["numba", "numpy"], "b"),
+    "numba-default": ("device_array, Numba's manager (peer)", row_numba_default, ["numba", "numpy"], "b"),
+}
+TARGETS_NS = {"gpumem-raw": 500, "numba-gpumem": 20000}
+NEEDS_GPU = {"cupy-pool", "cupy-async", "cupy-gpumem", "torch-default", "torch-gpumem", "numba-gpumem", "numba-default"}
+
+
+def child(name, reps, rep_ms):
+    """Measures one row in this process; prints one JSON line."""
+    import gpumem
+
+    if not os.environ.get("GPUMEM_BACKEND"):
+        gpumem.select_backend("cuda_or_sim")
+    run = ROWS[name][1]()
+    all_sizes = sizes()
+
+    def timed(count):
+        ns = [all_sizes[i % SIZES] for i in range(count)]
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.perf_counter_ns()
+            run(ns)
+            return time.perf_counter_ns() - t0
+        finally:
+            gc.enable()
+
+    run(all_sizes[:2000])  # warm-up: pools grow, contexts and caches settle
+    count = 256
+    while True:  # calibrate: a repetition lasts about rep_ms
+        elapsed = timed(count)
+        if elapsed >= rep_ms * 1e6 / 4 or count >= 1 << 22:
+            break
+        count *= 4
+    count = max(16, min(1 << 22, int(count * rep_ms * 1e6 / max(elapsed, 1))))
+    figures = [timed(count) / count for _ in range(reps)]
+    print(json.dumps({"row": name, "median_ns": statistics.median(figures), "min_ns": min(figures),
+                      "max_ns": max(figures), "ops": count, "reps": figures}))
+
+
+def header():
+    import gpumem
+
+    if not os.environ.get("GPUMEM_BACKEND"):
+        gpumem.select_backend("cuda_or_sim")
+    info = {
+        "gpumem": gpumem.__version__,
+        "backend": gpumem.current_backend(),
+        "device": gpumem.device_name(0),
+        "driver_cuda_version": gpumem.driver_version(),
+        "python": platform.python_version(),
+    }
+    for module in ("numba", "numba_cuda", "cupy", "torch"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: not measured
+            pass
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (see --list)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rep-ms", type=float, default=200.0)
+    ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.list:
+        for name, (label, _, needs, part) in ROWS.items():
+            print("%-14s (%s) %s%s" % (name, part, label, "  needs " + ", ".join(needs) if needs else ""))
+        return 0
+    if args.child:
+        child(args.child, args.reps, args.rep_ms)
+        return 0
+
+    info = header()
+    print("W7 python on %s (%s backend), CUDA driver %s, Python %s" % (
+        info["device"], info["backend"], info["driver_cuda_version"], info["python"]))
+    print("  " + ", ".join("%s %s" % (k, info[k]) for k in ("numba", "numba_cuda", "cupy", "torch") if k in info))
+    if info["backend"] != "cuda":
+        print("  (simulator: host-side cost only, not GPU figures; rows needing a GPU are skipped)")
+    results = []
+    for name in [r.strip() for r in args.rows.split(",") if r.strip()]:
+        if name not in ROWS:
+            print("unknown row %r (see --list)" % name, file=sys.stderr)
+            return 2
+        label, _, needs, part = ROWS[name]
+        missing = [m for m in needs if not _importable(m)]
+        if info["backend"] != "cuda" and name in NEEDS_GPU:
+            missing.append("a GPU")
+        if missing:
+            results.append({"row": name, "status": "skipped", "why": "needs " + ", ".join(missing)})
+            continue
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name, "--reps", str(args.reps),
+                            "--rep-ms", str(args.rep_ms)], capture_output=True, text=True)
+        if p.returncode != 0:
+            results.append({"row": name, "status": "failed", "why": (p.stderr.strip().splitlines() or ["?"])[-1]})
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        r["status"] = "ok"
+        results.append(r)
+
+    print()
+    print("%-4s %-40s %14s %14s %12s" % ("part", "row", "ns/alloc+free", "min", "target"))
+    print("-" * 88)
+    for r in results:
+        label, _, _, part = ROWS[r["row"]]
+        target = TARGETS_NS.get(r["row"])
+        if r["status"] != "ok":
+            print("%-4s %-40s %s: %s" % (part, label, r["status"], r["why"]))
+            continue
+        verdict = ""
+        if target and info["backend"] == "cuda":
+            verdict = "%d %s" % (target, "met" if r["median_ns"] <= target else "MISSED")
+        print("%-4s %-40s %14s %14s %12s" % (part, label, "{:,.0f}".format(r["median_ns"]),
+                                             "{:,.0f}".format(r["min_ns"]), verdict))
+    print("figure: median of %d repetitions after a warm-up, sizes uniform in [1, 1 MiB] (seed 1)" % args.reps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": "W7", "info": info, "results": results}, f, indent=2)
+    return 0
+
+
+def _importable(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+// gpumem.DeviceBuffer: untyped device memory from a gpumem resource, freed
+// (stream-ordered, on the stream it was allocated on) when the object goes or
+// close() is called. Exports itself through __cuda_array_interface__ (v3, with
+// its stream) and DLPack (__dlpack__, __dlpack_device__) as a 1-D uint8 array.
+//
+// Note [Buffer lifetime and streams]
+// A buffer remembers its resource (a shared owner, so set_current_resource
+// cannot strand it), its stream, and, when the stream came as a Python object,
+// that object, so the stream outlives every free queued on it. A DLPack capsule
+// holds a reference to the buffer until the consumer's deleter runs. Zero-size
+// buffers allocate nothing: ptr is 0 and no resource is called (the contract
+// rejects 0-byte requests; docs/python.md says why this is the Python answer).
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+#include "dlpack.hpp"
+#include "driver/driver.hpp"
+#include "gpumem/current_resource.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/event.hpp"
+#include "gpumem/memory_resource.hpp"
+
+namespace gpumem::python {
+namespace {
+
+using resource_ptr = std::shared_ptr<memory_resource>;
+
+struct device_buffer {
+  void* ptr = nullptr;
+  std::size_t size = 0;
+  CUstream stream = nullptr;
+  int device = 0;
+  bool closed = false;
+  resource_ptr resource;     // null for zero-size buffers
+  nb::object stream_owner;   // the Python stream object, when one was given
+
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+
+  // Frees now; the memory is reused after the work queued on `stream` so far.
+  void close() {
+    void* p = std::exchange(ptr, nullptr);
+    closed = true;
+    if (p == nullptr) return;
+    resource_ptr r = std::move(resource);
+    nb::gil_scoped_release release;
+    r->deallocate(p, size, stream);
+  }
+
+  ~device_buffer() {
+    try {
+      close();
+    } catch (const std::exception& e) {
+      // Destructors never throw; the memory stays with the resource.
+      std::fprintf(stderr, "gpumem: DeviceBuffer of %zu bytes could not be freed: %s\n", size, e.what());
+    }
+  }
+
+  void check_open(const char* where) const {
+    if (closed) throw logic_error(std::string("gpumem.DeviceBuffer.") + where + ": the buffer was closed");
+  }
+};
+
+void construct(device_buffer* self, std::size_t size, nb::handle stream, std::optional<int> device,
+               resource_ptr resource) {
+  stream_arg s = to_stream(stream);
+  int dev = 0;
+  if (resource) {
+    dev = resource->properties().device;
+    if (device && *device != dev) {
+      throw logic_error("gpumem.DeviceBuffer: device " + std::to_string(*device) +
+                        " differs from the resource's device " + std::to_string(dev));
+    }
+  } else if (size != 0) {
+    // The hot path: the current resource says its device (no second device lookup).
+    resource = get_current_resource(device.value_or(-1));
+    dev = resource->properties().device;
+  } else {
+    dev = device ? *device : current_device();
+  }
+  void* p = nullptr;
+  if (size != 0) {
+    nb::gil_scoped_release release;
+    p = resource->allocate(size, s.handle);
+  } else {
+    resource.reset();  // nothing to give back
+  }
+  device_buffer* b = new (self) device_buffer();
+  b->ptr = p;
+  b->size = size;
+  b->stream = s.handle;
+  b->device = dev;
+  b->resource = std::move(resource);
+  b->stream_owner = std::move(s.owner);
+}
+
+void copy(device_buffer& b, void* dst, const void* src, std::size_t n) {
+  if (n == 0) return;
+  nb::gil_scoped_release release;
+  detail::device_context_guard guard(b.device);
+  GPUMEM_CU(cuMemcpyAsync, reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), n,
+            b.stream);
+  GPUMEM_CU(cuStreamSynchronize, b.stream);
+}
+
+struct py_buffer {
+  Py_buffer view{};
+  py_buffer(nb::handle obj, int flags) {
+    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) throw nb::python_error();
+  }
+  ~py_buffer() { PyBuffer_Release(&view); }
+  py_buffer(const py_buffer&) = delete;
+  py_buffer& operator=(const py_buffer&) = delete;
+};
+
+void copy_from_host(device_buffer& b, nb::handle src) {
+  b.check_open("copy_from_host");
+  py_buffer in(src, PyBUF_C_CONTIGUOUS);
+  if (static_cast<std::size_t>(in.view.len) != b.size) {
+    throw logic_error("gpumem.DeviceBuffer.copy_from_host: the source has " + std::to_string(in.view.len) +
+                      " bytes, the buffer " + std::to_string(b.size));
+  }
+  copy(b, b.ptr, in.view.buf, b.size);
+}
+
+nb::object copy_to_host(device_buffer& b, nb::handle out) {
+  b.check_open("copy_to_host");
+  if (out.is_none()) {
+    nb::object bytes = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(b.size)));
+    if (!bytes.is_valid()) throw nb::python_error();
+    copy(b, PyBytes_AS_STRING(bytes.ptr()), b.ptr, b.size);
+    return bytes;
+  }
+  py_buffer o(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE);
+  if (static_cast<std::size_t>(o.view.len) != b.size) {
+    throw logic_error("gpumem.DeviceBuffer.copy_to_host: the destination has " + std::to_string(o.view.len) +
+                      " bytes, the buffer " + std::to_string(b.size));
+  }
+  copy(b, o.view.buf, b.ptr, b.size);
+  return nb::borrow(out);
+}
+
+nb::dict cuda_array_interface(const device_buffer& b) {
+  b.check_open("__cuda_array_interface__");
+  nb::dict d;
+  d["shape"] = nb::make_tuple(b.size);
+  d["strides"] = nb::none();
+  d["typestr"] = "|u1";
+  d["data"] = nb::make_tuple(reinterpret_cast<std::uintptr_t>(b.ptr), false);
+  d["version"] = 3;
+  // Consumers synchronize on the stream the memory was allocated on. An empty
+  // buffer has nothing to wait for.
+  if (b.size == 0) d["stream"] = nb::none();
+  else d["stream"] = protocol_stream_value(b.stream);
+  return d;
+}
+
+// ---- DLPack ---------------------------------------------------------------
+
+struct export_context {
+  std::int64_t shape[1];
+  std::int64_t strides[1];
+  PyObject* owner;  // the DeviceBuffer, one strong reference
+  dlpack::DLManagedTensor legacy;
+  dlpack::DLManagedTensorVersioned versioned;
+};
+
+void release_context(export_context* ctx) noexcept {
+  if (Py_IsInitialized()) {  // after interpreter teardown there is no one left to tell
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF(ctx->owner);
+    PyGILState_Release(g);
+  }
+  delete ctx;
+}
+
+void legacy_deleter(dlpack::DLManagedTensor* t) {
+  release_context(static_cast<export_context*>(t->manager_ctx));
+}
+void versioned_deleter(dlpack::DLManagedTensorVersioned* t) {
+  release_context(static_cast<export_context*>(t->manager_ctx));
+}
+
+// A capsule nobody consumed (still named dltensor*) frees its tensor; a consumed
+// one was renamed used_dltensor* and belongs to the consumer.
+void capsule_destructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* t = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    t->deleter(t);
+  } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+    auto* t = static_cast<dlpack::DLManagedTensorVersioned*>(
+        PyCapsule_GetPointer(capsule, "dltensor_versioned"));
+    t->deleter(t);
+  }
+}
+
+// Makes `consumer` (a DLPack stream value) wait for the buffer's stream.
+void order_for_consumer(const device_buffer& b, nb::handle stream) {
+  CUstream consumer = CU_STREAM_LEGACY;  // None: the legacy default stream
+  if (!stream.is_none()) {
+    if (PyLong_Check(stream.ptr())) {
+      const long long v = nb::cast<long long>(stream);
+      if (v == -1) return;  // the consumer asks for no synchronization
+      if (v == 0) {
+        throw logic_error("gpumem.DeviceBuffer.__dlpack__: stream 0 is ambiguous for CUDA; pass 1 "
+                          "(legacy default), 2 (per-thread default) or a stream handle");
+      }
+      consumer = to_stream(stream).handle;
+    } else {
+      consumer = to_stream(stream).handle;
+    }
+  }
+  auto normal = [](CUstream s) { return s == nullptr ? CU_STREAM_LEGACY : s; };
+  if (b.size == 0 || normal(consumer) == normal(b.stream)) return;
+  nb::gil_scoped_release release;
+  detail::device_context_guard guard(b.device);
+  event e(b.device);
+  e.record(b.stream);
+  stream_view(consumer).wait(e);
+}
+
+nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb::handle dl_device,
+                     nb::handle copy_arg) {
+  device_buffer& b = nb::cast<device_buffer&>(self);
+  b.check_open("__dlpack__");
+  if (!copy_arg.is_none() && nb::cast<bool>(copy_arg)) {
+    PyErr_SetString(PyExc_BufferError, "gpumem.DeviceBuffer.__dlpack__: copy=True is not supported");
+    throw nb::python_error();
+  }
+  if (!dl_device.is_none()) {
+    auto want = nb::cast<std::pair<int, int>>(dl_device);
+    if (want.first != dlpack::kDLCUDA || want.second != b.device) {
+      PyErr_SetString(PyExc_BufferError,
+                      "gpumem.DeviceBuffer.__dlpack__: the buffer lives on its CUDA device; "
+                      "exporting to another device needs a copy, which is not supported");
+      throw nb::python_error();
+    }
+  }
+  order_for_consumer(b, stream);
+  bool versioned = false;
+  if (!max_version.is_none()) {
+    auto v = nb::cast<std::pair<int, int>>(max_version);
+    versioned = v.first >= 1;
+  }
+
+  auto* ctx = new export_context{};
+  ctx->shape[0] = static_cast<std::int64_t>(b.size);
+  ctx->strides[0] = 1;
+  ctx->owner = self.ptr();
+  Py_INCREF(ctx->owner);
+  dlpack::DLTensor t{};
+  t.data = b.ptr;
+  t.device = {dlpack::kDLCUDA, b.device};
+  t.ndim = 1;
+  t.dtype = {dlpack::kDLUInt, 8, 1};
+  t.shape = ctx->shape;
+  t.strides = ctx->strides;
+  t.byte_offset = 0;
+  PyObject* capsule = nullptr;
+  if (versioned) {
+    ctx->versioned.version = {dlpack::major_version, dlpack::minor_version};
+    ctx->versioned.manager_ctx = ctx;
+    ctx->versioned.deleter = versioned_deleter;
+    ctx->versioned.flags = 0;
+    ctx->versioned.dl_tensor = t;
+    capsule = PyCapsule_New(&ctx->versioned, "dltensor_versioned", capsule_destructor);
+  } else {
+    ctx->legacy.dl_tensor = t;
+    ctx->legacy.manager_ctx = ctx;
+    ctx->legacy.deleter = legacy_deleter;
+    capsule = PyCapsule_New(&ctx->legacy, "dltensor", capsule_destructor);
+  }
+  if (capsule == nullptr) {
+    Py_DECREF(ctx->owner);
+    delete ctx;
+    throw nb::python_error();
+  }
+  return nb::steal(capsule);
+}
+
+}  // namespace
+
+void bind_device_buffer(nb::module_& m) {
+  nb::class_<device_buffer>(
+      m, "DeviceBuffer", nb::is_weak_referenceable(),
+      "Untyped device memory from a gpumem resource (the device's current resource unless one is "
+      "given), allocated on `stream` and freed on it when the object goes or close() is called. "
+      "DeviceBuffer(0) allocates nothing and has ptr 0.")
+      .def("__init__", &construct, nb::arg("size"), nb::arg("stream").none() = nb::none(), nb::kw_only(),
+           nb::arg("device") = nb::none(), nb::arg("resource").none() = nb::none())
+      .def_static(
+          "from_host",
+          [](nb::handle data, nb::handle stream, std::optional<int> device, resource_ptr resource) {
+            py_buffer in(data, PyBUF_C_CONTIGUOUS);
+            nb::object obj = nb::type<device_buffer>()(static_cast<std::size_t>(in.view.len), stream,
+                                                       nb::arg("device") = device,
+                                                       nb::arg("resource") = resource);
+            device_buffer& b = nb::cast<device_buffer&>(obj);
+            copy(b, b.ptr, in.view.buf, b.size);
+            return obj;
+          },
+          nb::arg("data"), nb::arg("stream").none() = nb::none(), nb::kw_only(), nb::arg("device") = nb::none(),
+          nb::arg("resource").none() = nb::none(),
+          "A new buffer holding a copy of `data` (any C-contiguous buffer-protocol object).")
+      .def_prop_ro("ptr", [](const device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.ptr); },
+                   "The device address as an int (0 for an empty or closed buffer).")
+      .def_prop_ro("size", [](const device_buffer& b) { return b.size; }, "Bytes.")
+      .def_prop_ro("nbytes", [](const device_buffer& b) { return b.size; }, "Bytes (the same as size).")
+      .def_prop_ro("device", [](const device_buffer& b) { return b.device; })
+      .def_prop_ro("stream", [](const device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.stream); },
+                   "The raw handle of the stream the buffer was allocated on and will be freed on.")
+      .def_prop_ro("resource", [](const device_buffer& b) { return b.resource; },
+                   "The resource the memory came from (None for empty or closed buffers).")
+      .def_prop_ro("closed", [](const device_buffer& b) { return b.closed; })
+      .def("close", &device_buffer::close,
+           "Frees the memory now (stream-ordered on the buffer's stream). Idempotent.")
+      .def("copy_from_host", &copy_from_host, nb::arg("src"),
+           "Copies a C-contiguous buffer of exactly size bytes into the buffer; returns when done.")
+      .def("copy_to_host", &copy_to_host, nb::arg("out").none() = nb::none(),
+           "Copies the buffer to `out` (a writable buffer of size bytes) or to new bytes; returns when done.")
+      .def_prop_ro("__cuda_array_interface__", &cuda_array_interface)
+      .def("__dlpack__", &to_dlpack, nb::kw_only(), nb::arg("stream").none() = nb::none(),
+           nb::arg("max_version").none() = nb::none(), nb::arg("dl_device").none() = nb::none(),
+           nb::arg("copy").none() = nb::none())
+      .def("__dlpack_device__", [](const device_buffer& b) { return nb::make_tuple(int{dlpack::kDLCUDA}, b.device); })
+      .def("__repr__", [](const device_buffer& b) {
+        char buf[128];
+        std::snprintf(buf, sizeof buf, "<gpumem.DeviceBuffer ptr=0x%zx size=%zu device=%d%s>",
+                      reinterpret_cast<std::size_t>(b.ptr), b.size, b.device, b.closed ? " closed" : "");
+        return std::string(buf);
+      });
+}
+
+}  // namespace gpumem::python

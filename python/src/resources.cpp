@@ -1,0 +1,202 @@
+// Memory resources from Python: the contract (MemoryResource), cuda_resource,
+// pool_resource, the per-device current resource, and memory_info, which says
+// how much a device could still hand out through its current resource.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/current_resource.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/memory_resource.hpp"
+#include "gpumem/pool_resource.hpp"
+
+namespace gpumem::python {
+namespace {
+
+using resource_ptr = std::shared_ptr<memory_resource>;
+
+std::uintptr_t to_int(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+nb::dict statistics_dict(const pool_statistics& s) {
+  nb::dict d;
+  d["used_bytes"] = s.used_bytes;
+  d["reserved_bytes"] = s.reserved_bytes;
+  d["free_bytes"] = s.free_bytes;
+  d["free_blocks"] = s.free_blocks;
+  d["largest_free_block"] = s.largest_free_block;
+  d["allocations"] = s.allocations;
+  d["chunks"] = s.chunks;
+  d["streams"] = s.streams;
+  return d;
+}
+
+// (free, total) of `device` as its current resource sees it: what the device has
+// free plus what the resource holds free. Resources that cannot say raise.
+std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
+  const int d = device ? *device : current_device();
+  resource_ptr r = get_current_resource(d);
+  nb::gil_scoped_release release;
+  const gpumem::memory_info m = device_memory_info(d);
+  if (auto* pool = dynamic_cast<pool_resource*>(r.get())) {
+    return {m.free_bytes + pool->statistics().free_bytes, m.total_bytes};
+  }
+  if (dynamic_cast<cuda_resource*>(r.get()) != nullptr) return {m.free_bytes, m.total_bytes};
+  throw unsupported_error("gpumem.memory_info: the current resource of device " + std::to_string(d) +
+                          " cannot say how much of its memory is free");
+}
+
+}  // namespace
+
+void bind_resources(nb::module_& m) {
+  nb::class_<resource_properties>(m, "ResourceProperties")
+      .def_ro("device", &resource_properties::device)
+      .def_ro("device_accessible", &resource_properties::device_accessible)
+      .def_ro("host_accessible", &resource_properties::host_accessible)
+      .def_ro("thread_safe", &resource_properties::thread_safe)
+      .def("__repr__", [](const resource_properties& p) {
+        return "ResourceProperties(device=" + std::to_string(p.device) +
+               ", device_accessible=" + (p.device_accessible ? "True" : "False") +
+               ", host_accessible=" + (p.host_accessible ? "True" : "False") +
+               ", thread_safe=" + (p.thread_safe ? "True" : "False") + ")";
+      });
+
+  nb::class_<memory_resource>(
+      m, "MemoryResource",
+      "The resource contract (docs/resource-contract.md): allocate and deallocate on a stream.")
+      .def(
+          "allocate",
+          [](memory_resource& r, std::size_t nbytes, nb::handle stream, std::size_t alignment) {
+            stream_arg s = to_stream(stream);
+            nb::gil_scoped_release release;
+            return to_int(r.allocate(nbytes, s.handle, alignment));
+          },
+          nb::arg("nbytes"), nb::arg("stream").none() = nb::none(), nb::arg("alignment") = default_alignment,
+          "Device memory of at least `nbytes`, usable by work queued on `stream` after the call. "
+          "Returns the address as an int; give it back with deallocate().")
+      .def(
+          "deallocate",
+          [](memory_resource& r, std::uintptr_t ptr, std::size_t nbytes, nb::handle stream,
+             std::size_t alignment) {
+            stream_arg s = to_stream(stream);
+            nb::gil_scoped_release release;
+            r.deallocate(reinterpret_cast<void*>(ptr), nbytes, s.handle, alignment);
+          },
+          nb::arg("ptr"), nb::arg("nbytes"), nb::arg("stream").none() = nb::none(),
+          nb::arg("alignment") = default_alignment,
+          "Returns memory from allocate(); reused once the work queued on `stream` before the call is done.")
+      .def_prop_ro("properties", &memory_resource::properties)
+      .def_prop_ro("device", [](const memory_resource& r) { return r.properties().device; })
+      .def("is_equal", &memory_resource::is_equal, nb::arg("other"),
+           "True when memory from one may be deallocated through the other.")
+      .def("__eq__", [](const memory_resource& a, const memory_resource& b) { return a.is_equal(b); })
+      .def("__hash__", [](const memory_resource& r) { return to_int(&r); });
+
+  nb::class_<cuda_resource, memory_resource>(
+      m, "CudaResource", "Device memory straight from cuMemAlloc / cuMemFree (slow; an upstream).")
+      .def(
+          "__init__",
+          [](cuda_resource* self, std::optional<int> device) {
+            new (self) cuda_resource(device.value_or(-1));
+          },
+          nb::arg("device") = nb::none())
+      .def_prop_ro("allocated_bytes", &cuda_resource::allocated_bytes)
+      .def_prop_ro("allocation_count", &cuda_resource::allocation_count)
+      .def("__repr__", [](const cuda_resource& r) {
+        return "<gpumem.CudaResource device=" + std::to_string(r.device()) + " allocated_bytes=" +
+               std::to_string(r.allocated_bytes()) + ">";
+      });
+
+  pool_options defaults;
+  nb::class_<pool_resource, memory_resource>(
+      m, "PoolResource",
+      "A stream-ordered, coalescing sub-allocator over an upstream resource (docs/pool.md).")
+      .def(
+          "__init__",
+          [](pool_resource* self, resource_ptr upstream, std::optional<int> device,
+             std::size_t initial_bytes, std::size_t maximum_bytes, std::size_t min_chunk_bytes,
+             std::size_t max_chunk_bytes, bool reuse_across_streams, unsigned fence_interval,
+             std::size_t fence_bytes) {
+            if (!upstream) {
+              upstream = std::make_shared<cuda_resource>(device.value_or(-1));
+            } else if (device && *device != upstream->properties().device) {
+              throw logic_error("gpumem.PoolResource: device " + std::to_string(*device) +
+                                " differs from the upstream's device " +
+                                std::to_string(upstream->properties().device));
+            }
+            pool_options o;
+            o.initial_bytes = initial_bytes;
+            o.maximum_bytes = maximum_bytes;
+            o.min_chunk_bytes = min_chunk_bytes;
+            o.max_chunk_bytes = max_chunk_bytes;
+            o.reuse_across_streams = reuse_across_streams;
+            o.fence_interval = fence_interval;
+            o.fence_bytes = fence_bytes;
+            new (self) pool_resource(std::move(upstream), o);
+          },
+          nb::arg("upstream").none() = nb::none(), nb::kw_only(), nb::arg("device") = nb::none(),
+          nb::arg("initial_bytes") = defaults.initial_bytes,
+          nb::arg("maximum_bytes") = defaults.maximum_bytes,
+          nb::arg("min_chunk_bytes") = defaults.min_chunk_bytes,
+          nb::arg("max_chunk_bytes") = defaults.max_chunk_bytes,
+          nb::arg("reuse_across_streams") = defaults.reuse_across_streams,
+          nb::arg("fence_interval") = defaults.fence_interval,
+          nb::arg("fence_bytes") = defaults.fence_bytes,
+          "A pool over `upstream` (None: a new CudaResource of `device`, None meaning the current device).")
+      .def("release", [](pool_resource& p) {
+             nb::gil_scoped_release release;
+             return p.release();
+           }, "Gives every fully free chunk back to the upstream (synchronizes the device once). Returns bytes.")
+      .def(
+          "trim",
+          [](pool_resource& p, nb::handle stream) {
+            if (stream.is_none()) {
+              nb::gil_scoped_release release;
+              return p.trim();
+            }
+            stream_arg s = to_stream(stream);
+            nb::gil_scoped_release release;
+            return p.trim(s.handle);
+          },
+          nb::arg("stream").none() = nb::none(),
+          "Gives back the fully free chunks whose frees are fenced, without blocking the host "
+          "(after fencing `stream`'s frees when one is given). Returns bytes.")
+      .def("statistics", [](const pool_resource& p) { return statistics_dict(p.statistics()); },
+           "used_bytes, reserved_bytes, free_bytes, free_blocks, largest_free_block, allocations, "
+           "chunks, streams.")
+      .def_prop_ro("upstream", [](const pool_resource& p) -> memory_resource& { return p.upstream(); },
+                   nb::rv_policy::reference_internal)
+      .def("__repr__", [](const pool_resource& p) {
+        const pool_statistics s = p.statistics();
+        return "<gpumem.PoolResource device=" + std::to_string(p.properties().device) +
+               " used_bytes=" + std::to_string(s.used_bytes) +
+               " reserved_bytes=" + std::to_string(s.reserved_bytes) + ">";
+      });
+
+  m.def(
+      "get_current_resource",
+      [](std::optional<int> device) { return get_current_resource(device.value_or(-1)); },
+      nb::arg("device") = nb::none(),
+      "The resource `device`'s memory comes from when a caller names none (None: the current "
+      "device). Default: a PoolResource over a CudaResource, made on first use.");
+  m.def(
+      "set_current_resource",
+      [](resource_ptr resource, std::optional<int> device) {
+        return set_current_resource(device.value_or(-1), std::move(resource));
+      },
+      nb::arg("resource").none(), nb::arg("device") = nb::none(),
+      "Makes `resource` current for `device` (None: the current device) and returns the previous "
+      "one. None restores the default.");
+  m.def("memory_info", &memory_info, nb::arg("device") = nb::none(),
+        "(free, total) bytes of `device` through its current resource: the device's free memory "
+        "plus what the resource holds free. UnsupportedError for resources that cannot say.");
+}
+
+}  // namespace gpumem::python

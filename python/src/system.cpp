@@ -1,0 +1,69 @@
+// Backend selection, devices, and the simulator's controls (gpumem.sim).
+#include <optional>
+#include <string>
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/sim.hpp"
+
+namespace gpumem::python {
+namespace {
+
+backend_choice parse_choice(const std::optional<std::string>& kind) {
+  if (!kind) return backend_choice::from_environment;
+  if (*kind == "cuda") return backend_choice::cuda;
+  if (*kind == "sim") return backend_choice::sim;
+  if (*kind == "cuda_or_sim") return backend_choice::cuda_or_sim;
+  throw logic_error("gpumem.select_backend: '" + *kind +
+                    "' is not a backend choice: use 'cuda', 'sim', 'cuda_or_sim' or None");
+}
+
+std::string name(backend_kind k) { return std::string(to_string(k)); }
+
+}  // namespace
+
+void bind_system(nb::module_& m) {
+  m.def(
+      "select_backend",
+      [](std::optional<std::string> kind) { return name(select_backend(parse_choice(kind))); },
+      nb::arg("kind").none() = nb::none(),
+      "Selects the driver backend before gpumem is first used: 'cuda', 'sim', 'cuda_or_sim' (the "
+      "real driver when a GPU is usable, else the simulator) or None (GPUMEM_BACKEND, default "
+      "'cuda'). Returns the backend in use. LogicError if another backend is already in use.");
+  m.def("current_backend", [] { return name(current_backend()); },
+        "The backend in use, 'cuda' or 'sim' (selects it from GPUMEM_BACKEND if none was selected).");
+  m.def("cuda_driver_usable", &cuda_driver_usable,
+        "True when libcuda.so.1 loads, cuInit succeeds and a GPU exists. Selects no backend.");
+  m.def("device_count", &device_count);
+  m.def("current_device", &current_device,
+        "The device of the calling thread's current context (0 when none is current).");
+  m.def("set_current_device", &set_current_device, nb::arg("device"),
+        "Makes the device's primary context current on the calling thread (as cudaSetDevice).");
+  m.def(
+      "device_memory_info",
+      [](int device) {
+        const memory_info i = gpumem::device_memory_info(device);
+        return std::make_pair(i.free_bytes, i.total_bytes);
+      },
+      nb::arg("device"), "(free, total) bytes as the driver reports them.");
+  m.def("device_name", &device_name, nb::arg("device"));
+  m.def("driver_version", &driver_version, "CUDA version of the driver, e.g. 13000.");
+
+  nb::module_ sim = m.def_submodule("sim", "Controls of the host simulator (GPUMEM_BACKEND=sim).");
+  sim.def("fail_nth_allocation", &sim::fail_nth_allocation, nb::arg("n"),
+          "The nth device allocation from now on fails with out-of-memory (0: off).");
+  sim.def("fail_allocations_at_random", &sim::fail_allocations_at_random, nb::arg("probability"),
+          nb::arg("seed"));
+  sim.def("injected_failures", &sim::injected_failures);
+  sim.def("used_bytes", &sim::used_bytes, nb::arg("device"),
+          "Bytes of the device's simulated memory in use, as the driver counts them.");
+  sim.def("live_allocations", &sim::live_allocations, nb::arg("device"));
+}
+
+}  // namespace gpumem::python

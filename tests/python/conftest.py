@@ -1,0 +1,68 @@
+"""pytest set-up for gpumem's Python tests.
+
+The tests run on whatever backend gpumem selects: GPUMEM_BACKEND when set (CI sets
+'sim'), else the real GPU when one is usable and the simulator otherwise. Tests that
+need one backend say so with the `sim_only` and `gpu_only` markers.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import gpumem
+
+if not os.environ.get("GPUMEM_BACKEND"):
+    gpumem.select_backend("cuda_or_sim")
+BACKEND = gpumem.current_backend()
+
+
+def pytest_report_header(config):
+    devices = gpumem.device_count()
+    name = gpumem.device_name(0) if devices else "no device"
+    return "gpumem %s on the %s backend: %d device(s), device 0 %s" % (
+        gpumem.__version__,
+        BACKEND,
+        devices,
+        name,
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sim_only: needs the host simulator (fault injection, ...)")
+    config.addinivalue_line("markers", "gpu_only: needs a real GPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "sim_only" in item.keywords and BACKEND != "sim":
+            item.add_marker(pytest.mark.skip(reason="needs the simulator backend"))
+        if "gpu_only" in item.keywords and BACKEND != "cuda":
+            item.add_marker(pytest.mark.skip(reason="needs a GPU (cuda backend)"))
+
+
+@pytest.fixture
+def pool():
+    """The current resource of device 0 (gpumem's default pool unless a test replaced it)."""
+    return gpumem.get_current_resource(0)
+
+
+@pytest.fixture
+def fresh_pool():
+    """A new PoolResource made current for device 0 for the test, then the previous one back."""
+    new = gpumem.PoolResource(gpumem.CudaResource(0))
+    previous = gpumem.set_current_resource(new, 0)
+    yield new
+    gpumem.set_current_resource(previous, 0)
+
+
+def run_python(code, env=None, timeout=120):
+    """Runs `code` in a fresh interpreter with this test run's backend; returns the process."""
+    full_env = dict(os.environ)
+    full_env.setdefault("GPUMEM_BACKEND", BACKEND)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout
+    )

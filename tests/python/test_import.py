@@ -1,0 +1,63 @@
+"""Importing gpumem touches no CUDA and pulls in none of numba, cupy and torch."""
+
+import os
+
+from conftest import run_python
+
+
+def test_import_pulls_in_no_framework():
+    p = run_python(
+        "import sys, gpumem\n"
+        "b = gpumem.DeviceBuffer(4096)\n"
+        "b.copy_from_host(bytes(4096))\n"
+        "b.close()\n"
+        "bad = [m for m in ('numba', 'cupy', 'torch') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
+
+
+def test_import_selects_no_backend():
+    # A bogus GPUMEM_BACKEND is only read when gpumem is first used: importing works,
+    # the first use reports the bad setting.
+    p = run_python(
+        "import gpumem\n"
+        "try:\n"
+        "    gpumem.current_backend()\n"
+        "except gpumem.LogicError as e:\n"
+        "    print('LogicError:', e)\n",
+        env={"GPUMEM_BACKEND": "bogus"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "LogicError: GPUMEM_BACKEND='bogus' is not a backend" in p.stdout
+
+
+def test_import_loads_no_cuda_library():
+    p = run_python(
+        "import gpumem\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print('libcuda' in maps)\n",
+        env={"GPUMEM_BACKEND": "cuda"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "False"
+
+
+def test_wheel_layout():
+    import gpumem
+
+    here = os.path.dirname(gpumem.__file__)
+    names = os.listdir(here)
+    assert "libgpumem.so" in names
+    assert "libgpumem_torch.so" in names
+    assert any(n.startswith("_core.") and n.endswith(".so") for n in names)
+
+
+def test_version_matches_package_metadata():
+    from importlib.metadata import version
+
+    import gpumem
+
+    assert gpumem.__version__ == version("gpumem")
