@@ -69,6 +69,7 @@ struct pool_resource::impl {
   std::map<std::uintptr_t, std::unique_ptr<detail::chunk>> chunks;  // by base address
   std::atomic<std::size_t> reserved_bytes{0};
 
+  std::mutex growth_mutex;  // serialises growing and giving back (pool_reclaim.cpp)
   std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
 };

@@ -38,6 +38,11 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
   if (opt.reuse_across_streams) {
     if (void* p = take_from_other_arenas(a, size, requested, alignment, need)) return p;
   }
+  // 3. and 4. run under growth_mutex: one thread at a time grows or gives memory
+  // back, so no thread releases a chunk another has just grown and not yet carved,
+  // and no thread fails against a maximum because another's growth is in flight.
+  std::lock_guard growing(growth_mutex);
+  if (void* p = try_own()) return p;  // another thread may have grown or freed meanwhile
   // 3. More from the upstream.
   if (grow(a, need)) {
     if (void* p = try_own()) return p;

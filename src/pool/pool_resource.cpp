@@ -310,11 +310,15 @@ void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
 }
 
 std::size_t pool_resource::release() {
+  std::lock_guard growing(impl_->growth_mutex);
   impl_->synchronize_and_fence_everything();
   return impl_->release_chunks(true);
 }
 
-std::size_t pool_resource::trim() { return impl_->release_chunks(false); }
+std::size_t pool_resource::trim() {
+  std::lock_guard growing(impl_->growth_mutex);
+  return impl_->release_chunks(false);
+}
 
 std::size_t pool_resource::trim(stream_view stream) {
   detail::arena& a = impl_->arena_for(stream);
@@ -322,6 +326,7 @@ std::size_t pool_resource::trim(stream_view stream) {
     std::lock_guard lock(a.lock);
     impl_->record_fence(a);
   }
+  std::lock_guard growing(impl_->growth_mutex);
   return impl_->release_chunks(false);
 }
 

@@ -414,6 +414,33 @@ TEST_F(Pool, SixteenThreadsWithTheirOwnStreams) {
   EXPECT_EQ(st.used_bytes + st.free_bytes, st.reserved_bytes);
 }
 
+TEST_F(Pool, ThreadsOnOneStreamNeverFailWhileTheirMemoryFitsUnderTheMaximum) {
+  // Growth, the out-of-memory path and giving chunks back race here: one thread's
+  // growth in flight must not make another fail, nor a chunk just grown be released.
+  pool_options o;
+  o.maximum_bytes = 4 * MiB;
+  o.min_chunk_bytes = o.max_chunk_bytes = 4 * MiB;
+  pool_resource pool(upstream, o);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 6; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) {
+        try {
+          void* p = pool.allocate(512 << 10, s);
+          pool.deallocate(p, 512 << 10, s);
+        } catch (const out_of_memory&) {
+          ++failures;
+        }
+        if (i % 50 == 0) pool.release();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(failures.load(), 0) << "6 x 512 KiB always fit in the 4 MiB the pool may hold";
+  EXPECT_LE(pool.statistics().reserved_bytes, 4 * MiB);
+}
+
 TEST_F(Pool, ThreadsSharingStreamsAndFreeingAcrossThem) {
   // Allocate on one stream, free on another, from many threads at once.
   pool_resource pool(upstream);
