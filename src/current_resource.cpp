@@ -2,10 +2,12 @@
 #include "gpumem/current_resource.hpp"
 
 #include <array>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "driver/driver.hpp"
+#include "gpumem/config.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -34,7 +36,11 @@ int resolve(int device, const char* where) {
   return d;
 }
 
+// GPUMEM_CONF, when set, describes the default (docs/configuration.md); a bad
+// string is a logic_error from the first get_current_resource, naming the token.
 std::shared_ptr<memory_resource> make_default(int device) {
+  const char* conf = std::getenv("GPUMEM_CONF");
+  if (conf != nullptr && *conf != '\0') return make_resource_from_config(conf, device);
   return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device));
 }
 

@@ -1,6 +1,14 @@
 // The resources the contract suite checks.
 #include "contract/resources.hpp"
 
+#include "gpumem/adaptors/deferred_free.hpp"
+#include "gpumem/adaptors/limiting.hpp"
+#include "gpumem/adaptors/logging.hpp"
+#include "gpumem/adaptors/oom_retry.hpp"
+#include "gpumem/adaptors/statistics.hpp"
+#include "gpumem/adaptors/thread_safe.hpp"
+#include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/config.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/pool_resource.hpp"
 
@@ -19,6 +27,51 @@ const std::vector<resource_factory>& all_resources() {
          o.max_chunk_bytes = 4 << 20;
          o.fence_interval = 1;
          return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device), o);
+       }},
+      // Adaptors (docs/observability.md), over a pool and over cuda_resource.
+      {"statistics_over_pool", [](int device) {
+         return std::make_shared<statistics_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)));
+       }},
+      {"statistics_over_cuda", [](int device) {
+         return std::make_shared<statistics_adaptor>(std::make_shared<cuda_resource>(device));
+       }},
+      {"tracking_over_pool", [](int device) {
+         tracking_options o;
+         o.capture_stacks = true;
+         o.report_at_exit = false;  // the contract tests leave nothing live; keep stderr quiet anyway
+         return std::make_shared<tracking_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)), o);
+       }},
+      {"logging_over_cuda", [](int device) {
+         return std::make_shared<logging_adaptor>(std::make_shared<cuda_resource>(device), "/dev/null");
+       }},
+      {"logging_over_pool", [](int device) {
+         return std::make_shared<logging_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)),
+                                                  "/dev/null", logging_options{"app", true});
+       }},
+      {"limiting_over_pool", [](int device) {
+         return std::make_shared<limiting_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)),
+                                                   std::size_t{1} << 30);
+       }},
+      {"oom_retry_over_pool", [](int device) {
+         auto r = std::make_shared<oom_retry_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)));
+         r->add_callback([](const oom_event& e) { return e.attempt < 2; });  // one harmless retry
+         return r;
+       }},
+      {"deferred_free_over_pool", [](int device) {
+         return std::make_shared<deferred_free_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)),
+                                                        deferred_free_options{});
+       }},
+      {"deferred_free_over_cuda", [](int device) {
+         deferred_free_options o;
+         o.max_pending_count = 3;
+         return std::make_shared<deferred_free_adaptor>(std::make_shared<cuda_resource>(device), o);
+       }},
+      {"thread_safe_over_pool", [](int device) {
+         return std::make_shared<thread_safe_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)));
+       }},
+      {"every_adaptor_stacked", [](int device) {
+         // What GPUMEM_CONF builds with every option: log(stats(track(defer(limit(pool(log(cuda))))))).
+         return make_resource_from_config("pool,limit=90%,defer,track,stats,log=/dev/null", device);
        }},
   };
   return list;

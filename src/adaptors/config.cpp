@@ -1,0 +1,297 @@
+// GPUMEM_CONF (include/gpumem/config.hpp, docs/configuration.md): parse the
+// string into a description, check it whole, then build the stack.
+//
+// Adding a base resource (async, managed, vmm) is one entry in `bases` and one
+// case in build_base(); adding an adaptor is one entry in `options`, one field in
+// `parsed`, and one layer in build().
+#include "gpumem/config.hpp"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpumem/adaptors/deferred_free.hpp"
+#include "gpumem/adaptors/limiting.hpp"
+#include "gpumem/adaptors/logging.hpp"
+#include "gpumem/adaptors/statistics.hpp"
+#include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
+
+namespace gpumem {
+namespace {
+
+struct base_kind {
+  std::string_view name;
+  bool available;
+  bool takes_pool_options;
+  std::string_view what;  // for the error of a base not available yet
+};
+
+constexpr base_kind bases[] = {
+    {"cuda", true, false, "cuda_resource"},
+    {"pool", true, true, "pool_resource over cuda_resource"},
+    {"async", false, false, "the driver's stream-ordered allocator (cuMemAllocAsync)"},
+    {"managed", false, false, "managed (unified) memory"},
+    {"vmm", false, true, "a virtual-memory pool"},
+};
+
+enum class value_kind { none, size, path, stacks_or_none };
+
+struct option_kind {
+  std::string_view name;
+  value_kind value;
+  bool pool_only;
+  std::string_view help;
+};
+
+constexpr option_kind options[] = {
+    {"initial", value_kind::size, true, "bytes the pool reserves at once"},
+    {"maximum", value_kind::size, true, "most bytes the pool may hold"},
+    {"min_chunk", value_kind::size, true, "smallest upstream request of the pool"},
+    {"max_chunk", value_kind::size, true, "largest upstream request of the pool"},
+    {"limit", value_kind::size, false, "hard cap on live bytes (limiting_adaptor)"},
+    {"defer", value_kind::none, false, "deferred frees (deferred_free_adaptor)"},
+    {"track", value_kind::stacks_or_none, false, "tracking_adaptor; track=stacks records stacks"},
+    {"stats", value_kind::none, false, "statistics_adaptor, reported at exit"},
+    {"log", value_kind::path, false, "CSV event log (logging_adaptor)"},
+    {"sites", value_kind::none, false, "log each allocation's call site"},
+};
+
+// A size: bytes with an optional binary suffix, or a percentage of device memory.
+struct size_spec {
+  bool percent = false;
+  double fraction = 0;      // percent / 100
+  std::size_t bytes = 0;
+};
+
+struct parsed {
+  const base_kind* base = nullptr;
+  std::optional<size_spec> initial, maximum, min_chunk, max_chunk, limit;
+  bool defer = false, stats = false, track = false, track_stacks = false, sites = false;
+  std::optional<std::string> log;
+};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+[[noreturn]] void fail(std::string_view conf, const std::string& what) {
+  throw logic_error("GPUMEM_CONF \"" + std::string(conf) + "\": " + what + " (docs/configuration.md)");
+}
+
+std::string known_bases() {
+  std::string s;
+  for (const auto& b : bases) {
+    if (!b.available) continue;
+    if (!s.empty()) s += ", ";
+    s += b.name;
+  }
+  return s;
+}
+
+std::string known_options() {
+  std::string s;
+  for (const auto& o : options) {
+    if (!s.empty()) s += ", ";
+    s += o.name;
+  }
+  return s;
+}
+
+std::optional<size_spec> parse_size(std::string_view text) {
+  text = trim(text);
+  if (text.empty()) return std::nullopt;
+  size_spec out;
+  if (text.back() == '%') {
+    text.remove_suffix(1);
+    double v = 0;
+    auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || !(v > 0 && v <= 100)) return std::nullopt;
+    out.percent = true;
+    out.fraction = v / 100.0;
+    return out;
+  }
+  std::uint64_t n = 0;
+  auto r = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (r.ec != std::errc() || r.ptr == text.data()) return std::nullopt;
+  const std::string suffix = lower(trim(std::string_view(r.ptr, text.data() + text.size() - r.ptr)));
+  int shift = 0;
+  if (suffix.empty() || suffix == "b") shift = 0;
+  else if (suffix == "k" || suffix == "kib" || suffix == "kb") shift = 10;
+  else if (suffix == "m" || suffix == "mib" || suffix == "mb") shift = 20;
+  else if (suffix == "g" || suffix == "gib" || suffix == "gb") shift = 30;
+  else if (suffix == "t" || suffix == "tib" || suffix == "tb") shift = 40;
+  else return std::nullopt;
+  if (n == 0 || (shift > 0 && n > (std::uint64_t{1} << (63 - shift)))) return std::nullopt;
+  out.bytes = static_cast<std::size_t>(n << shift);
+  return out;
+}
+
+parsed parse(std::string_view conf) {
+  parsed p;
+  std::vector<std::string_view> tokens;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= conf.size(); ++i) {
+    if (i == conf.size() || conf[i] == ',') {
+      tokens.push_back(trim(conf.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  if (tokens.size() == 1 && tokens[0].empty()) fail(conf, "empty; name a base resource: " + known_bases());
+  const std::string base_name = lower(tokens[0]);
+  for (const auto& b : bases) {
+    if (b.name == base_name) p.base = &b;
+  }
+  if (p.base == nullptr) {
+    if (tokens[0].find('=') != std::string_view::npos || tokens[0].empty()) {
+      fail(conf, "the first token must name a base resource (" + known_bases() + "), not \"" +
+                     std::string(tokens[0]) + "\"");
+    }
+    fail(conf, "unknown base resource \"" + std::string(tokens[0]) + "\" (known: " + known_bases() + ")");
+  }
+  if (!p.base->available) {
+    fail(conf, "base resource \"" + std::string(tokens[0]) + "\" (" + std::string(p.base->what) +
+                   ") is not available in this version of gpumem (available: " + known_bases() + ")");
+  }
+  std::vector<std::string> seen;
+  for (std::size_t k = 1; k < tokens.size(); ++k) {
+    const std::string_view token = tokens[k];
+    if (token.empty()) fail(conf, "empty option (two commas in a row, or a trailing comma)");
+    const std::size_t eq = token.find('=');
+    const std::string name = lower(trim(token.substr(0, eq)));
+    const std::optional<std::string_view> value =
+        eq == std::string_view::npos ? std::nullopt : std::optional(trim(token.substr(eq + 1)));
+    const option_kind* o = nullptr;
+    for (const auto& candidate : options) {
+      if (candidate.name == name) o = &candidate;
+    }
+    if (o == nullptr) {
+      fail(conf, "unknown option \"" + std::string(token) + "\" (options: " + known_options() + ")");
+    }
+    for (const auto& s : seen) {
+      if (s == name) fail(conf, "option \"" + name + "\" is given twice");
+    }
+    seen.push_back(name);
+    if (o->pool_only && !p.base->takes_pool_options) {
+      fail(conf, "option \"" + std::string(token) + "\" applies to a pool, not to base \"" +
+                     std::string(p.base->name) + "\"");
+    }
+    switch (o->value) {
+      case value_kind::none:
+        if (value) fail(conf, "option \"" + name + "\" takes no value: \"" + std::string(token) + "\"");
+        break;
+      case value_kind::size: {
+        if (!value) fail(conf, "option \"" + name + "\" needs a size: " + name + "=512MiB or " + name + "=50%");
+        auto sz = parse_size(*value);
+        if (!sz) {
+          fail(conf, "\"" + std::string(token) + "\": \"" + std::string(*value) +
+                         "\" is not a size (bytes, with K/M/G/T or KiB/MiB/GiB/TiB, or a percentage "
+                         "of the device's memory in (0, 100])");
+        }
+        if (name == "initial") p.initial = sz;
+        else if (name == "maximum") p.maximum = sz;
+        else if (name == "min_chunk") p.min_chunk = sz;
+        else if (name == "max_chunk") p.max_chunk = sz;
+        else p.limit = sz;
+        break;
+      }
+      case value_kind::path:
+        if (!value || value->empty()) fail(conf, "option \"" + name + "\" needs a path: log=/tmp/gpumem-%p.csv");
+        p.log = std::string(*value);
+        break;
+      case value_kind::stacks_or_none:
+        if (value && lower(*value) != "stacks") {
+          fail(conf, "\"" + std::string(token) + "\": track takes no value or \"stacks\"");
+        }
+        p.track = true;
+        p.track_stacks = value.has_value();
+        break;
+    }
+    if (name == "defer") p.defer = true;
+    if (name == "stats") p.stats = true;
+    if (name == "sites") p.sites = true;
+  }
+  if (p.sites && !p.log) fail(conf, "option \"sites\" needs log=PATH");
+  return p;
+}
+
+std::size_t resolve(const size_spec& s, std::size_t device_total) {
+  if (!s.percent) return s.bytes;
+  const double v = std::floor(static_cast<double>(device_total) * s.fraction);
+  return static_cast<std::size_t>(v);
+}
+
+}  // namespace
+
+std::string describe_config(std::string_view conf) {
+  const parsed p = parse(conf);
+  std::string s = p.base->name == "pool" ? "pool(cuda)" : "cuda";
+  if (p.log && p.base->name == "pool") s = "pool(log:upstream(cuda))";
+  if (p.limit) s = "limit(" + s + ")";
+  if (p.defer) s = "defer(" + s + ")";
+  if (p.track) s = "track(" + s + ")";
+  if (p.stats) s = "stats(" + s + ")";
+  if (p.log) s = "log(" + s + ")";
+  return s;
+}
+
+std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf, int device,
+                                                           const config_hooks& hooks) {
+  const parsed p = parse(conf);  // every error in the string before anything is made
+  const int d = device == -1 ? current_device() : device;
+  const std::size_t total = device_memory_info(d).total_bytes;
+
+  std::shared_ptr<event_log> log;
+  if (p.log) log = event_log::open(*p.log);
+
+  std::shared_ptr<memory_resource> r = std::make_shared<cuda_resource>(d);
+  if (hooks.wrap_device_memory) r = hooks.wrap_device_memory(std::move(r));
+  if (p.base->name == "pool") {
+    if (log) r = std::make_shared<logging_adaptor>(std::move(r), log, logging_options{"upstream", false});
+    pool_options o;
+    if (p.initial) o.initial_bytes = resolve(*p.initial, total);
+    if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
+    if (p.min_chunk) o.min_chunk_bytes = resolve(*p.min_chunk, total);
+    if (p.max_chunk) o.max_chunk_bytes = resolve(*p.max_chunk, total);
+    try {
+      r = std::make_shared<pool_resource>(std::move(r), o);
+    } catch (const logic_error& e) {
+      fail(conf, e.what());
+    }
+  }
+  if (p.limit) {
+    const std::size_t limit = resolve(*p.limit, total);
+    if (limit == 0) fail(conf, "limit resolves to 0 bytes");
+    r = std::make_shared<limiting_adaptor>(std::move(r), limit);
+  }
+  if (p.defer) r = std::make_shared<deferred_free_adaptor>(std::move(r));
+  if (p.track) {
+    tracking_options t;
+    t.capture_stacks = p.track_stacks;
+    r = std::make_shared<tracking_adaptor>(std::move(r), t);
+  }
+  if (p.stats) {
+    statistics_options s;
+    s.report_at_exit = true;
+    s.name = "statistics (GPUMEM_CONF)";
+    r = std::make_shared<statistics_adaptor>(std::move(r), s);
+  }
+  if (log) r = std::make_shared<logging_adaptor>(std::move(r), log, logging_options{"app", p.sites});
+  return r;
+}
+
+}  // namespace gpumem

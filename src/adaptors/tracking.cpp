@@ -1,0 +1,232 @@
+// tracking_adaptor (include/gpumem/adaptors/tracking.hpp): a sharded map of live
+// allocations, leak reports and snapshots.
+#include "gpumem/adaptors/tracking.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "adaptors/call_site.hpp"
+#include "adaptors/exit_hooks.hpp"
+#include "adaptors/format.hpp"
+#include "adaptors/log_format.hpp"
+#include "adaptors/per_thread.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+namespace {
+
+constexpr std::size_t shard_count = 64;
+
+struct record {
+  std::size_t bytes;
+  std::size_t alignment;
+  CUstream stream;
+  std::uint32_t thread;
+  std::uint64_t seq;
+  std::uint64_t time_ns;
+  std::vector<void*> frames;
+};
+
+std::size_t shard_of(const void* p) noexcept {
+  auto a = reinterpret_cast<std::uintptr_t>(p) >> 8;  // allocations are 256-byte aligned
+  a ^= a >> 17;
+  a *= 0x9E3779B97F4A7C15ULL;
+  return static_cast<std::size_t>(a >> 58);  // top 6 bits: 0..63
+}
+
+}  // namespace
+
+struct tracking_adaptor::state final : detail::exit_hook {
+  struct shard {
+    mutable std::mutex mutex;
+    std::unordered_map<void*, record> live;
+  };
+
+  explicit state(tracking_options o, int dev) : opt(o), device(dev), start_ns(detail::steady_ns()) {}
+
+  std::vector<std::pair<void*, record>> copy_live() const {
+    std::vector<std::pair<void*, record>> out;
+    for (const shard& s : shards) {
+      std::lock_guard lock(s.mutex);
+      for (const auto& [p, r] : s.live) out.emplace_back(p, r);
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.seq < b.second.seq; });
+    return out;
+  }
+
+  std::string report(const char* when) const {
+    const auto all = copy_live();
+    if (all.empty()) return {};
+    std::size_t bytes = 0;
+    for (const auto& [p, r] : all) bytes += r.bytes;
+    const std::uint64_t now = detail::steady_ns();
+    std::ostringstream s;
+    s << "gpumem tracking_adaptor (device " << device << "): " << all.size()
+      << " allocation(s), " << bytes << " bytes (" << detail::human_bytes(bytes) << "), still live"
+      << when << ":\n";
+    std::size_t listed = 0;
+    for (const auto& [p, r] : all) {
+      if (listed++ == opt.report_limit) break;
+      s << "  " << detail::hex_pointer(reinterpret_cast<std::uintptr_t>(p)) << ": " << r.bytes
+        << " bytes, stream " << detail::hex_pointer(reinterpret_cast<std::uintptr_t>(r.stream))
+        << ", thread " << r.thread << ", allocated "
+        << detail::human_duration_ns(now - start_ns - std::min(now - start_ns, r.time_ns))
+        << " ago (allocation #" << r.seq << ")\n";
+      for (std::size_t i = 0; i < r.frames.size(); ++i) {
+        s << "      #" << i << " " << detail::describe_frame(r.frames[i]) << "\n";
+      }
+    }
+    if (all.size() > opt.report_limit) s << "  ... and " << all.size() - opt.report_limit << " more\n";
+    return s.str();
+  }
+
+  void at_exit() noexcept override {
+    if (!opt.report_at_exit || reported.exchange(true)) return;
+    try {
+      const std::string r = report(" at exit");
+      if (!r.empty()) std::fputs(r.c_str(), stderr);
+    } catch (...) {
+    }
+  }
+
+  tracking_options opt;
+  int device;
+  std::uint64_t start_ns;
+  std::atomic<std::uint64_t> next_seq{1};
+  std::array<shard, shard_count> shards;
+  std::atomic<bool> reported{false};
+};
+
+tracking_adaptor::tracking_adaptor(memory_resource& upstream, tracking_options options)
+    : resource_adaptor(upstream, "tracking_adaptor"),
+      state_(std::make_shared<state>(options, upstream.properties().device)) {
+  if (options.report_at_exit) detail::run_at_exit(state_);
+}
+
+tracking_adaptor::tracking_adaptor(std::shared_ptr<memory_resource> upstream, tracking_options options)
+    : resource_adaptor(std::move(upstream), "tracking_adaptor"),
+      state_(std::make_shared<state>(options, this->upstream().properties().device)) {
+  if (options.report_at_exit) detail::run_at_exit(state_);
+}
+
+tracking_adaptor::~tracking_adaptor() {
+  if (!state_->opt.report_at_exit || state_->reported.exchange(true)) return;
+  try {
+    const std::string r = state_->report(" as the adaptor is destroyed");
+    if (!r.empty()) std::fputs(r.c_str(), stderr);
+  } catch (...) {
+  }
+}
+
+void* tracking_adaptor::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  state& st = *state_;
+  record r{bytes, alignment, stream.handle(), detail::small_thread_id(), 0, 0, {}};
+  if (st.opt.capture_stacks) r.frames = detail::capture_stack(st.opt.stack_depth);
+  void* p = upstream_allocate(bytes, stream, alignment);
+  r.seq = st.next_seq.fetch_add(1, std::memory_order_relaxed);
+  r.time_ns = detail::steady_ns() - st.start_ns;
+  auto& sh = st.shards[shard_of(p)];
+  std::lock_guard lock(sh.mutex);
+  sh.live.insert_or_assign(p, std::move(r));
+  return p;
+}
+
+void tracking_adaptor::do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
+                                     std::size_t alignment) {
+  auto& sh = state_->shards[shard_of(ptr)];
+  record taken;
+  {
+    std::lock_guard lock(sh.mutex);
+    auto it = sh.live.find(ptr);
+    if (it == sh.live.end()) {
+      throw logic_error("gpumem::tracking_adaptor::deallocate: " +
+                        detail::hex_pointer(reinterpret_cast<std::uintptr_t>(ptr)) +
+                        " is not a live allocation of this adaptor (foreign, interior or already freed)");
+    }
+    if (it->second.bytes != bytes) {
+      throw logic_error("gpumem::tracking_adaptor::deallocate: " +
+                        detail::hex_pointer(reinterpret_cast<std::uintptr_t>(ptr)) + " was allocated with " +
+                        std::to_string(it->second.bytes) + " bytes, freed with " + std::to_string(bytes));
+    }
+    taken = std::move(it->second);
+    sh.live.erase(it);
+  }
+  try {
+    upstream_deallocate(ptr, bytes, stream, alignment);
+  } catch (...) {
+    std::lock_guard lock(sh.mutex);  // the upstream kept it: so do we
+    sh.live.emplace(ptr, std::move(taken));
+    throw;
+  }
+}
+
+std::vector<tracked_allocation> tracking_adaptor::live() const {
+  std::vector<tracked_allocation> out;
+  for (auto& [p, r] : state_->copy_live()) {
+    tracked_allocation a;
+    a.ptr = p;
+    a.bytes = r.bytes;
+    a.alignment = r.alignment;
+    a.stream = stream_view{r.stream};
+    a.thread = r.thread;
+    a.seq = r.seq;
+    a.time_ns = r.time_ns;
+    for (void* f : r.frames) a.stack.push_back(detail::describe_frame(f));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::size_t tracking_adaptor::live_count() const {
+  std::size_t n = 0;
+  for (const auto& s : state_->shards) {
+    std::lock_guard lock(s.mutex);
+    n += s.live.size();
+  }
+  return n;
+}
+
+std::size_t tracking_adaptor::live_bytes() const {
+  std::size_t n = 0;
+  for (const auto& s : state_->shards) {
+    std::lock_guard lock(s.mutex);
+    for (const auto& [p, r] : s.live) n += r.bytes;
+  }
+  return n;
+}
+
+std::string tracking_adaptor::leak_report() const { return state_->report(""); }
+
+void tracking_adaptor::write_snapshot(const std::string& path) const {
+  std::string text(detail::log_header);
+  text.push_back('\n');
+  for (auto& [p, r] : state_->copy_live()) {
+    const std::string site = r.frames.empty() ? std::string() : detail::describe_frame(r.frames.front());
+    detail::log_row row;
+    row.seq = r.seq;
+    row.time_ns = r.time_ns;
+    row.thread = r.thread;
+    row.device = state_->device;
+    row.stream = reinterpret_cast<std::uintptr_t>(r.stream);
+    row.source = "snapshot";
+    row.op = detail::log_op::allocate;
+    row.ptr = reinterpret_cast<std::uintptr_t>(p);
+    row.bytes = r.bytes;
+    row.alignment = r.alignment;
+    row.site = site;
+    detail::append_log_row(text, row);
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw logic_error("gpumem::tracking_adaptor::write_snapshot: cannot open " + path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) {
+    throw logic_error("gpumem::tracking_adaptor::write_snapshot: cannot write " + path);
+  }
+}
+
+}  // namespace gpumem

@@ -1,0 +1,161 @@
+// gpumem-adaptor-overhead: what the statistics adaptor (and, for reference, the
+// other adaptors) add to pool_resource on W2, the random workload of
+// gpumem-bench (docs/benchmarks-method.md): up to 1000 live allocations, each op
+// allocates or frees a random live one, sizes uniform in [1, max]. Not a test and
+// not part of gpumem-bench: a small program whose numbers go into
+// docs/observability.md.
+//
+// Method: the same op sequence for every row; rows are run interleaved, round
+// after round, so that drift of the machine (frequency, other load) hits every
+// row alike; each figure is the median over rounds of ns per op. Every row gets a
+// fresh pool, warmed by one untimed pass.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpumem/adaptors/limiting.hpp"
+#include "gpumem/adaptors/logging.hpp"
+#include "gpumem/adaptors/statistics.hpp"
+#include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "gpumem/stream.hpp"
+
+namespace {
+
+struct op {
+  std::uint32_t bytes;  // 0: free live[index]
+  std::uint32_t index;
+};
+
+// As bench/workloads/w2_random.cpp: mt19937_64 seeded with 1, plain arithmetic.
+std::vector<op> make_ops(std::size_t count, std::size_t max_bytes) {
+  std::mt19937_64 rng(1);
+  std::vector<op> ops;
+  std::size_t live = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const bool allocate = live == 0 || (live < 1000 && (rng() >> 63) == 0);
+    if (allocate) {
+      ops.push_back({static_cast<std::uint32_t>(1 + rng() % max_bytes), 0});
+      ++live;
+    } else {
+      ops.push_back({0, static_cast<std::uint32_t>(rng() % live)});
+      --live;
+    }
+  }
+  return ops;
+}
+
+double run_once(gpumem::memory_resource& mr, gpumem::stream& s, const std::vector<op>& ops) {
+  std::vector<std::pair<void*, std::size_t>> live;
+  live.reserve(1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const op& o : ops) {
+    if (o.bytes != 0) {
+      live.emplace_back(mr.allocate(o.bytes, s), o.bytes);
+    } else {
+      mr.deallocate(live[o.index].first, live[o.index].second, s);
+      live[o.index] = live.back();
+      live.pop_back();
+    }
+  }
+  while (!live.empty()) {
+    mr.deallocate(live.back().first, live.back().second, s);
+    live.pop_back();
+  }
+  s.synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(ops.size());
+}
+
+// The floor: an adaptor that adds nothing, only the second virtual call and the
+// upstream's argument checks that every adaptor pays.
+class forwarding_adaptor final : public gpumem::resource_adaptor {
+ public:
+  explicit forwarding_adaptor(std::shared_ptr<gpumem::memory_resource> up)
+      : resource_adaptor(std::move(up), "forwarding_adaptor") {}
+
+ private:
+  void* do_allocate(std::size_t bytes, gpumem::stream_view s, std::size_t alignment) override {
+    return upstream_allocate(bytes, s, alignment);
+  }
+  void do_deallocate(void* p, std::size_t bytes, gpumem::stream_view s, std::size_t alignment) override {
+    upstream_deallocate(p, bytes, s, alignment);
+  }
+};
+
+struct row {
+  std::string name;
+  std::function<std::shared_ptr<gpumem::memory_resource>(std::shared_ptr<gpumem::memory_resource>)> wrap;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 31;
+  std::size_t op_count = 20000;
+  bool all_rows = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) op_count = std::strtoull(argv[++i], nullptr, 10);
+    else if (std::strcmp(argv[i], "--all") == 0) all_rows = true;
+    else {
+      std::fprintf(stderr, "usage: gpumem-adaptor-overhead [--rounds N] [--ops N] [--all]\n");
+      return 2;
+    }
+  }
+  const auto kind = gpumem::select_backend(gpumem::backend_choice::cuda_or_sim);
+  std::printf("backend %s, device 0: %s; W2 (%zu ops), median of %d interleaved rounds\n",
+              std::string(gpumem::to_string(kind)).c_str(), gpumem::device_name(0).c_str(),
+              op_count, rounds);
+
+  std::vector<row> rows = {
+      {"pool_resource", [](auto pool) { return pool; }},
+      {"forwarding(pool) [floor]", [](auto pool) { return std::make_shared<forwarding_adaptor>(pool); }},
+      {"statistics(pool)", [](auto pool) { return std::make_shared<gpumem::statistics_adaptor>(pool); }},
+  };
+  if (all_rows) {
+    rows.push_back({"limiting(pool)", [](auto pool) {
+                      return std::make_shared<gpumem::limiting_adaptor>(pool, std::size_t{64} << 30);
+                    }});
+    rows.push_back({"tracking(pool)", [](auto pool) { return std::make_shared<gpumem::tracking_adaptor>(pool); }});
+    rows.push_back({"logging(pool) to /dev/null", [](auto pool) {
+                      return std::make_shared<gpumem::logging_adaptor>(pool, "/dev/null");
+                    }});
+  }
+
+  for (std::size_t max_bytes : {std::size_t{4} << 10, std::size_t{4} << 20}) {
+    const std::vector<op> ops = make_ops(op_count, max_bytes);
+    std::vector<std::vector<double>> samples(rows.size());
+    gpumem::stream s(0);
+    std::vector<std::shared_ptr<gpumem::memory_resource>> subjects;
+    for (const row& r : rows) {
+      auto pool = std::make_shared<gpumem::pool_resource>(std::make_shared<gpumem::cuda_resource>(0));
+      subjects.push_back(r.wrap(pool));
+      run_once(*subjects.back(), s, ops);  // warm-up
+    }
+    for (int k = 0; k < rounds; ++k) {
+      for (std::size_t i = 0; i < rows.size(); ++i) samples[i].push_back(run_once(*subjects[i], s, ops));
+    }
+    std::printf("\nW2 max %s\n", max_bytes == (4 << 10) ? "4 KiB" : "4 MiB");
+    double base = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto& v = samples[i];
+      std::sort(v.begin(), v.end());
+      const double median = v[v.size() / 2];
+      if (i == 0) base = median;
+      std::printf("  %-28s %8.2f ns/op  (min %.2f, max %.2f)  %+6.1f%%\n", rows[i].name.c_str(),
+                  median, v.front(), v.back(), 100.0 * (median - base) / base);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,272 @@
+// gpumem-replay's engine (replay.hpp).
+//
+// Note [Replaying in order]
+// The log's seq numbers are one total order of every event from every thread
+// (Note [Sequence numbers and reuse] in src/adaptors/logging.cpp). Replay runs one
+// thread per logged thread and one stream per logged stream, so that the resource
+// sees the same threads and streams, and in seq order it hands a turn from event
+// to event: an event runs only when the turn counter reaches its index. The
+// resource therefore sees exactly the logged sequence of calls, and the live
+// bytes it holds after each call are those of the original run: the peak of live
+// bytes is reproduced exactly. (What the resource *reserves* depends on it, not
+// on the log: that is what replaying against another resource measures.)
+// In thread order each thread runs its own events back to back and a free waits
+// only until its allocation has been made, which measures throughput with the
+// original concurrency rather than the original interleaving.
+//
+// Allocations are matched to frees before anything runs: each allocation gets an
+// id (its index), each free the id of the live allocation with its pointer at that
+// point of the log, so a pointer the original allocator reused is no ambiguity.
+#include "replay/replay.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <set>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "gpumem/adaptors/resource_adaptor.hpp"
+#include "gpumem/config.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/stream.hpp"
+
+namespace gpumem::tools {
+namespace {
+
+constexpr std::size_t no_match = static_cast<std::size_t>(-1);
+
+// Exact current and peak bytes with atomics. (statistics_adaptor's peak is exact
+// only from one thread; replay runs many, and a replay's figures must be exact.)
+struct peak_counter {
+  std::atomic<std::uint64_t> current{0};
+  std::atomic<std::uint64_t> peak{0};
+  void add(std::uint64_t n) {
+    const std::uint64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
+    std::uint64_t p = peak.load(std::memory_order_relaxed);
+    while (now > p && !peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  }
+  void remove(std::uint64_t n) { current.fetch_sub(n, std::memory_order_relaxed); }
+};
+
+// Counts what the stack takes from the driver.
+class counting_adaptor final : public resource_adaptor {
+ public:
+  counting_adaptor(std::shared_ptr<memory_resource> up, peak_counter& c)
+      : resource_adaptor(std::move(up), "counting_adaptor"), counter_(c) {}
+
+ private:
+  void* do_allocate(std::size_t bytes, stream_view s, std::size_t alignment) override {
+    void* p = upstream_allocate(bytes, s, alignment);
+    counter_.add(bytes);
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t bytes, stream_view s, std::size_t alignment) override {
+    upstream_deallocate(p, bytes, s, alignment);
+    counter_.remove(bytes);
+  }
+  peak_counter& counter_;
+};
+
+struct step {
+  const logged_event* event;
+  std::size_t index;       // position in the replayed sequence (the turn)
+  std::size_t allocation;  // for a free: the index of its allocation; no_match if none
+  stream_view stream;
+};
+
+}  // namespace
+
+replay_result replay_events(const std::vector<logged_event>& events, const replay_options& options) {
+  replay_result result;
+  result.events_in_log = events.size();
+
+  // ---- the original peaks, and which rows are replayed ----
+  std::vector<const logged_event*> chosen;
+  std::vector<std::size_t> match;  // per chosen row: for frees, the chosen index of the allocation
+  {
+    std::unordered_map<std::uint64_t, std::size_t> live_by_ptr;  // ptr -> chosen index
+    std::uint64_t live = 0, reserved = 0;
+    std::unordered_map<std::uint64_t, std::uint64_t> reserved_by_ptr;
+    for (const logged_event& e : events) {
+      if (e.source == "upstream") {  // the original resource's own requests: reserved bytes
+        if (e.ok() && e.allocate) {
+          reserved += e.bytes;
+          reserved_by_ptr[e.ptr] = e.bytes;
+          result.log_peak_reserved_bytes = std::max(result.log_peak_reserved_bytes, reserved);
+        } else if (e.ok()) {
+          auto it = reserved_by_ptr.find(e.ptr);
+          if (it != reserved_by_ptr.end()) {
+            reserved -= it->second;
+            reserved_by_ptr.erase(it);
+          }
+        }
+      }
+      if (e.source != options.source || !e.ok()) {
+        ++result.skipped;
+        continue;
+      }
+      if (e.allocate) {
+        live_by_ptr[e.ptr] = chosen.size();
+        live += e.bytes;
+        result.log_peak_live_bytes = std::max(result.log_peak_live_bytes, live);
+        chosen.push_back(&e);
+        match.push_back(no_match);
+      } else {
+        auto it = live_by_ptr.find(e.ptr);
+        if (it == live_by_ptr.end()) {  // allocated before the log began
+          ++result.skipped;
+          continue;
+        }
+        live -= chosen[it->second]->bytes;
+        chosen.push_back(&e);
+        match.push_back(it->second);
+        live_by_ptr.erase(it);
+      }
+    }
+  }
+
+  // ---- the stack, with what it takes from the driver counted ----
+  peak_counter reserved, live;
+  config_hooks hooks;
+  hooks.wrap_device_memory = [&](std::shared_ptr<memory_resource> r) {
+    return std::shared_ptr<memory_resource>(std::make_shared<counting_adaptor>(std::move(r), reserved));
+  };
+  std::shared_ptr<memory_resource> stack = make_resource_from_config(options.resource, options.device, hooks);
+  memory_resource& mr = *stack;
+
+  // ---- streams and threads as logged ----
+  std::map<std::uint64_t, std::unique_ptr<stream>> streams;
+  auto view_of = [&](std::uint64_t logged) -> stream_view {
+    if (logged == 0) return stream_view{};
+    if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY)) return stream_view::legacy_default();
+    if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD)) return stream_view::per_thread();
+    auto& s = streams[logged];
+    if (!s) s = std::make_unique<stream>(options.device);
+    return s->view();
+  };
+  std::map<std::uint32_t, std::vector<step>> per_thread;
+  std::set<std::uint64_t> logged_streams;
+  for (std::size_t k = 0; k < chosen.size(); ++k) {
+    logged_streams.insert(chosen[k]->stream);
+    per_thread[chosen[k]->thread].push_back({chosen[k], k, match[k], view_of(chosen[k]->stream)});
+  }
+  result.threads = per_thread.size();
+  result.streams = logged_streams.size();
+
+  // ---- replay ----
+  std::vector<void*> pointer(chosen.size(), nullptr);  // per allocation index; written once
+  std::vector<std::atomic<int>> state(chosen.size());  // 0 not yet, 1 allocated, 2 failed
+  std::atomic<std::size_t> turn{0};
+  std::mutex done_mutex;
+  std::condition_variable done_cv;  // thread order: an allocation happened
+  std::mutex results_mutex;
+  std::atomic<std::size_t> failures{0}, replayed{0}, skipped{0}, allocations{0};
+  std::atomic<bool> start{false};
+
+  auto wait_turn = [&](std::size_t index) {
+    int spins = 0;
+    for (std::size_t t = turn.load(std::memory_order_acquire); t != index; t = turn.load(std::memory_order_acquire)) {
+      if (++spins < 64) continue;
+      if (spins < 256) {
+        std::this_thread::yield();
+        continue;
+      }
+      turn.wait(t, std::memory_order_acquire);
+    }
+  };
+  auto run = [&](const std::vector<step>& steps) {
+    while (!start.load(std::memory_order_acquire)) std::this_thread::yield();
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const step& s = steps[i];
+      const logged_event& e = *s.event;
+      if (options.order == replay_order::seq) wait_turn(s.index);
+      if (e.allocate) {
+        try {
+          pointer[s.index] = mr.allocate(e.bytes, s.stream, e.alignment);
+          live.add(e.bytes);
+          ++allocations;
+          state[s.index].store(1, std::memory_order_release);
+        } catch (const std::exception& err) {  // out_of_memory, or a driver error
+          ++failures;
+          state[s.index].store(2, std::memory_order_release);
+          std::lock_guard lock(results_mutex);
+          if (result.failure_messages.size() < 5) {
+            result.failure_messages.push_back("seq " + std::to_string(e.seq) + ": " + err.what());
+          }
+        }
+        ++replayed;
+        if (options.order == replay_order::thread) {
+          std::lock_guard lock(done_mutex);
+          done_cv.notify_all();
+        }
+      } else {
+        if (options.order == replay_order::thread) {
+          std::unique_lock lock(done_mutex);
+          done_cv.wait(lock, [&] { return state[s.allocation].load(std::memory_order_acquire) != 0; });
+        }
+        if (state[s.allocation].load(std::memory_order_acquire) == 1) {
+          live.remove(e.bytes);
+          mr.deallocate(pointer[s.allocation], e.bytes, s.stream, e.alignment);
+          state[s.allocation].store(3, std::memory_order_release);  // freed
+          ++replayed;
+        } else {
+          ++skipped;  // its allocation failed here
+        }
+      }
+      if (options.order == replay_order::seq) {
+        turn.store(s.index + 1, std::memory_order_release);
+        // Wake waiters only when the next event is another thread's.
+        if (i + 1 >= steps.size() || steps[i + 1].index != s.index + 1) turn.notify_all();
+      }
+    }
+  };
+
+  std::vector<std::thread> workers;
+  std::exception_ptr worker_error;
+  std::mutex error_mutex;
+  for (auto& [thread, steps] : per_thread) {
+    workers.emplace_back([&, &steps = steps] {
+      try {
+        run(steps);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!worker_error) worker_error = std::current_exception();
+        turn.store(static_cast<std::size_t>(-1) / 2);  // let the others run out
+        turn.notify_all();
+      }
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  start.store(true, std::memory_order_release);
+  for (auto& w : workers) w.join();
+  for (auto& [handle, s] : streams) s->synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  result.seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  // What the log never freed.
+  for (std::size_t k = 0; k < chosen.size(); ++k) {
+    if (chosen[k]->allocate && state[k].load() == 1) {
+      ++result.left_live;
+      mr.deallocate(pointer[k], chosen[k]->bytes, view_of(chosen[k]->stream), chosen[k]->alignment);
+    }
+  }
+  for (auto& [handle, s] : streams) s->synchronize();
+  if (worker_error) std::rethrow_exception(worker_error);
+
+  result.replayed = replayed;
+  result.allocations = allocations;
+  result.failures = failures;
+  result.skipped += skipped;
+  result.peak_live_bytes = live.peak.load();
+  stack.reset();
+  result.peak_reserved_bytes = reserved.peak.load();
+  return result;
+}
+
+}  // namespace gpumem::tools

@@ -1,0 +1,48 @@
+// gpumem-replay's engine: replays a recorded event log against a resource stack
+// made from a GPUMEM_CONF string (docs/observability.md, "Replaying a log").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/event_log_reader.hpp"
+
+namespace gpumem::tools {
+
+enum class replay_order {
+  seq,     // one global order: every event waits for the one before it (exact peaks)
+  thread,  // each thread in its own order; a free waits only for its allocation
+};
+
+struct replay_options {
+  std::string resource = "pool";  // GPUMEM_CONF grammar
+  int device = 0;
+  replay_order order = replay_order::seq;
+  std::string source = "app";     // the rows replayed; "upstream" rows are what the original pool did
+};
+
+struct replay_result {
+  std::size_t events_in_log = 0;
+  std::size_t replayed = 0;          // allocate + deallocate calls made
+  std::size_t allocations = 0;
+  std::size_t failures = 0;          // replayed allocations that failed (out of memory)
+  std::size_t skipped = 0;           // rows not replayed: failed in the log, other sources, or
+                                     // frees of allocations not in the log or failed here
+  std::size_t left_live = 0;         // allocations the log never freed (freed after timing)
+  std::size_t threads = 0;
+  std::size_t streams = 0;
+  double seconds = 0;                // wall time of the replay (events only)
+  std::uint64_t log_peak_live_bytes = 0;  // what the log itself says
+  std::uint64_t peak_live_bytes = 0;      // measured during the replay
+  std::uint64_t peak_reserved_bytes = 0;  // what the stack took from the driver, at most
+  std::uint64_t log_peak_reserved_bytes = 0;  // from "upstream" rows, when the log has them
+  std::vector<std::string> failure_messages;  // the first few
+};
+
+// Replays `events` (in seq order, as read_event_log returns them). Throws
+// gpumem::logic_error for a bad resource string; allocation failures are results.
+replay_result replay_events(const std::vector<logged_event>& events, const replay_options& options);
+
+}  // namespace gpumem::tools

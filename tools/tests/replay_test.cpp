@@ -1,0 +1,199 @@
+// gpumem-replay: a recorded log replays with the original peak, with its threads
+// and streams, in either order, and on a smaller simulated device it reports the
+// failures.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/event_log_reader.hpp"
+#include "gpumem/adaptors/logging.hpp"
+#include "gpumem/adaptors/statistics.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "replay/replay.hpp"
+#include "tools_test_support.hpp"
+
+namespace gpumem::test {
+namespace {
+
+using tools::read_event_log;
+using tools::replay_events;
+using tools::replay_options;
+using tools::replay_order;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// A churning single-threaded workload on two streams, through
+// logging(statistics(pool(statistics(cuda)))): the statistics give the original
+// peaks of live and of reserved bytes (exact: one thread).
+struct recorded {
+  std::size_t allocations = 0;
+  std::size_t peak_live = 0;
+  std::size_t peak_reserved = 0;
+};
+
+recorded record_single_thread(const std::string& path) {
+  auto reserved = std::make_shared<statistics_adaptor>(std::make_shared<cuda_resource>(0));
+  auto pool = std::make_shared<pool_resource>(reserved);
+  auto live = std::make_shared<statistics_adaptor>(pool);
+  recorded r;
+  {
+    logging_adaptor mr(live, path);
+    stream a(0), b(0);
+    std::mt19937_64 rng(11);
+    std::vector<std::tuple<void*, std::size_t, stream*>> held;
+    for (int i = 0; i < 3000; ++i) {
+      if (held.empty() || (held.size() < 300 && rng() % 2 == 0)) {
+        stream* s = rng() % 3 == 0 ? &b : &a;
+        const std::size_t n = 1 + rng() % ((rng() % 8 == 0) ? 16 * MiB : 64 << 10);
+        held.emplace_back(mr.allocate(n, *s), n, s);
+        ++r.allocations;
+      } else {
+        const std::size_t k = rng() % held.size();
+        auto [p, n, s] = held[k];
+        mr.deallocate(p, n, *s);
+        held[k] = held.back();
+        held.pop_back();
+      }
+    }
+    for (auto [p, n, s] : held) mr.deallocate(p, n, *s);
+    a.synchronize();
+    b.synchronize();
+  }
+  r.peak_live = live->statistics().peak_bytes;
+  r.peak_reserved = reserved->statistics().peak_bytes;
+  return r;
+}
+
+TEST(Replay, ReproducesTheOriginalPeakExactly) {
+  temp_file log("single.csv");
+  const recorded original = record_single_thread(log.str());
+  const auto events = read_event_log(log.str());
+  ASSERT_EQ(events.size(), 2 * original.allocations);
+  replay_options o;
+  o.resource = "pool";
+  const auto r = replay_events(events, o);
+  EXPECT_EQ(r.log_peak_live_bytes, original.peak_live);
+  EXPECT_EQ(r.peak_live_bytes, original.peak_live) << "the replay's peak of live bytes is the original's";
+  EXPECT_EQ(r.peak_reserved_bytes, original.peak_reserved)
+      << "the same pool given the same calls reserves the same";
+  EXPECT_EQ(r.failures, 0U);
+  EXPECT_EQ(r.replayed, 2 * original.allocations);
+  EXPECT_EQ(r.threads, 1U);
+  EXPECT_EQ(r.streams, 2U);
+  EXPECT_EQ(r.left_live, 0U);
+  // Against cuda_resource, what is reserved is what is live.
+  o.resource = "cuda";
+  const auto c = replay_events(events, o);
+  EXPECT_EQ(c.peak_live_bytes, original.peak_live);
+  EXPECT_EQ(c.peak_reserved_bytes, original.peak_live);
+}
+
+TEST(Replay, KeepsTheOrderOfManyThreadsAndStreams) {
+  temp_file log("threads.csv");
+  std::size_t allocations = 0;
+  {
+    logging_adaptor mr(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(0)), log.str());
+    std::mutex handoff_mutex;
+    std::vector<std::pair<void*, std::size_t>> handoff;
+    std::vector<std::thread> workers;
+    std::atomic<std::size_t> count{0};
+    for (int t = 0; t < 4; ++t) {
+      workers.emplace_back([&, t] {
+        stream mine(0);
+        std::mt19937 rng(static_cast<unsigned>(t + 1));
+        std::vector<std::pair<void*, std::size_t>> held;
+        for (int i = 0; i < 500; ++i) {
+          if (held.size() < 40 && rng() % 2 == 0) {
+            const std::size_t n = 1 + rng() % (2 * MiB);
+            held.emplace_back(mr.allocate(n, mine), n);
+            ++count;
+          } else if (!held.empty()) {
+            auto [p, n] = held.back();
+            held.pop_back();
+            if (rng() % 5 == 0) {  // freed later by another thread, on its stream
+              std::lock_guard lock(handoff_mutex);
+              handoff.emplace_back(p, n);
+            } else {
+              mr.deallocate(p, n, mine);
+            }
+          }
+          std::pair<void*, std::size_t> theirs{nullptr, 0};
+          {
+            std::lock_guard lock(handoff_mutex);
+            if (!handoff.empty() && rng() % 3 == 0) {
+              theirs = handoff.back();
+              handoff.pop_back();
+            }
+          }
+          if (theirs.first != nullptr) mr.deallocate(theirs.first, theirs.second, mine);
+        }
+        for (auto [p, n] : held) mr.deallocate(p, n, mine);
+        mine.synchronize();
+      });
+    }
+    for (auto& w : workers) w.join();
+    for (auto [p, n] : handoff) mr.deallocate(p, n, stream_view{});  // what was left: the main thread
+    allocations = count;
+  }
+  const auto events = read_event_log(log.str());
+  replay_options o;
+  const auto r = replay_events(events, o);
+  EXPECT_EQ(r.peak_live_bytes, r.log_peak_live_bytes) << "seq order gives the original peak exactly";
+  EXPECT_EQ(r.failures, 0U);
+  EXPECT_EQ(r.allocations, allocations);
+  EXPECT_EQ(r.replayed, 2 * allocations);
+  EXPECT_GE(r.threads, 4U);
+  EXPECT_GE(r.streams, 4U);
+  o.order = replay_order::thread;
+  const auto t = replay_events(events, o);
+  EXPECT_EQ(t.failures, 0U);
+  EXPECT_EQ(t.replayed, 2 * allocations);
+  EXPECT_LE(t.peak_live_bytes, t.log_peak_live_bytes * 4) << "a sanity bound";
+}
+
+TEST(Replay, ASmallerSimulatedDeviceShowsTheFailures) {
+  temp_file log("small-device.csv");
+  record_single_thread(log.str());
+  temp_file json("small-device.json");
+  const command_result r = run_command(std::string(GPUMEM_REPLAY_EXE) + " " + log.str() +
+                                       " --device-memory 24MiB --resource cuda --json " + json.str());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("on sim device 0 (24.00 MiB)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
+  const std::string j = slurp(json.str());
+  EXPECT_NE(j.find("\"backend\":\"sim\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"device_total_bytes\":25165824"), std::string::npos) << j;
+  EXPECT_EQ(j.find("\"failures\":0,"), std::string::npos) << "the small device must fail some: " << j;
+  // And with room enough, none fail, and the peak is the log's.
+  const command_result big = run_command(std::string(GPUMEM_REPLAY_EXE) + " " + log.str() +
+                                         " --device-memory 4GiB --resource pool,maximum=90%");
+  ASSERT_EQ(big.status, 0) << big.output;
+  EXPECT_NE(big.output.find("failures:       0 allocation(s)"), std::string::npos) << big.output;
+}
+
+TEST(Replay, BadInputIsReported) {
+  temp_file not_a_log("bad.csv");
+  {
+    std::ofstream f(not_a_log.str());
+    f << "a,b,c\n1,2,3\n";
+  }
+  EXPECT_THROW(read_event_log(not_a_log.str()), tools::log_format_error);
+  EXPECT_THROW(read_event_log("/nonexistent/log.csv"), tools::log_format_error);
+  const command_result r = run_command(std::string(GPUMEM_REPLAY_EXE) + " " + not_a_log.str());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("not a gpumem event log"), std::string::npos) << r.output;
+  EXPECT_EQ(run_command(std::string(GPUMEM_REPLAY_EXE) + " --order sideways x.csv").status, 2);
+  temp_file log("bad-resource.csv");
+  record_single_thread(log.str());
+  replay_options o;
+  o.resource = "pool,frobnicate";
+  EXPECT_THROW(replay_events(read_event_log(log.str()), o), logic_error);
+}
+
+}  // namespace
+}  // namespace gpumem::test
