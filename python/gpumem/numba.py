@@ -182,7 +182,11 @@ class GpumemNumbaManager(_cuda.HostOnlyCUDAMemoryManager):
 
     def _device_id(self):
         if self._device is None:
-            self._device = self.context.device.id
+            device = self.context.device
+            # Numba's own contexts carry a numba Device; a context Numba attached to
+            # (a third party's, Test3rdPartyContext) may carry the driver's CUdevice.
+            ident = getattr(device, "id", None)
+            self._device = int(ident if ident is not None else device)
         return self._device
 
     def _bind(self):

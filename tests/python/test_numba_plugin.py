@@ -45,6 +45,22 @@ def live(pool):
     return pool.statistics()["allocations"]
 
 
+def test_a_context_attached_from_a_third_party_carries_a_driver_device(fresh_pool):
+    # Numba attaches to a context someone else made current (Test3rdPartyContext);
+    # its .device is then the driver's CUdevice, which has no .id.
+    from cuda.bindings import driver
+
+    context = StandInContext()
+    context.device = driver.CUdevice(0)
+    m = gnumba.GpumemNumbaManager(context=context)
+    m.initialize()
+    mem = m.memalloc(512)
+    assert mem.size == 512 and live(fresh_pool) == 1
+    del mem
+    gc.collect()
+    assert live(fresh_pool) == 0
+
+
 def test_is_a_host_only_manager_of_interface_version_1():
     assert issubclass(gnumba.GpumemNumbaManager, cuda.HostOnlyCUDAMemoryManager)
     assert gnumba._numba_memory_manager is gnumba.GpumemNumbaManager
