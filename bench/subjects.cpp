@@ -5,7 +5,10 @@
 #include <memory>
 
 #include "bench.hpp"
+#include "gpumem/async_resource.hpp"
 #include "gpumem/cuda_resource.hpp"
+#include "gpumem/managed_resource.hpp"
+#include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "peers/peers.hpp"
 
@@ -22,9 +25,18 @@ std::unique_ptr<memory_resource> pool_over_cuda(int device) {
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device));
 }
 
+// Page-locked host memory, device-mapped (the default options): a host row,
+// skipped where a workload fills device memory (W4), like the malloc reference.
+std::unique_ptr<memory_resource> pinned_host(int device) {
+  return std::make_unique<pinned_host_resource>(pinned_options{}, device);
+}
+
 constexpr subject subjects[] = {
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
+    {"gpumem async_resource", subject_kind::gpumem, &on_device<async_resource>},
+    {"gpumem managed_resource", subject_kind::gpumem, &on_device<managed_resource>},
+    {"gpumem pinned_host_resource", subject_kind::gpumem, &pinned_host},
     {"cuMemAlloc", subject_kind::peer, &peers::make_raw_cumemalloc},
     {"cuMemAllocAsync", subject_kind::peer, &peers::make_raw_cumemallocasync},
     {malloc_subject_name, subject_kind::reference, &peers::make_malloc_reference},

@@ -29,9 +29,28 @@
 //                              as complete; record captures the work queued on the stream so far
 //  cuMemAlloc/cuMemFree        ctx                                => device memory of the ctx's device,
 //                              256-byte aligned at least; cuMemFree may synchronize the device
-//  cuMemAllocAsync/FreeAsync   ctx, stream of the ctx's device    => stream-ordered (default pool)
-//  cuDeviceGetDefaultMemPool, cuMemPoolSetAttribute, cuMemPoolGetAttribute, cuMemPoolTrimTo
-//                              valid ordinal / pool               => the device's default pool
+//  cuMemAllocAsync/FreeAsync   ctx, stream of the ctx's device    => stream-ordered, from the device's
+//                              current pool; a free is reusable at once by later allocations on its
+//                              stream, by other streams per the pool's REUSE_* attributes
+//  cuMemAllocFromPoolAsync     valid pool and stream (any device)  => stream-ordered, from that pool
+//  cuDeviceGetDefaultMemPool, cuDeviceGetMemPool/SetMemPool
+//                              valid ordinal (and a pool of that device) => the default / current pool
+//  cuMemPoolCreate/Destroy     props of a device pool              => a pool gpumem owns; destroy
+//                              returns at once, memory goes back once every allocation is freed
+//  cuMemPoolSetAttribute, cuMemPoolGetAttribute, cuMemPoolTrimTo, cuMemPoolSetAccess/GetAccess
+//                              valid pool                          => memory above the release threshold
+//                              returns at stream/event/context synchronization; trim returns free
+//                              memory whose frees the host has seen complete; the owning device's
+//                              access cannot be changed (CUDA_ERROR_INVALID_DEVICE)
+//  cuMemAllocManaged           ctx, flags GLOBAL or HOST           => managed memory; cuMemFree frees it
+//  cuMemHostAlloc/cuMemFreeHost  ctx                               => page-locked host memory; with
+//                              unified addressing its device pointer is the host pointer unless
+//                              write-combined (ask cuMemHostGetDevicePointer)
+//  cuMemHostGetDevicePointer   ctx, memory allocated/registered as DEVICEMAP => device pointer
+//  cuMemHostGetFlags           ctx, pointer in a cuMemHostAlloc allocation   => its flags
+//  cuMemHostRegister/Unregister  ctx                               => the range is page-locked until
+//                              unregistered; overlap: CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+//                              unknown range: CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
 //  cuMemGetInfo                ctx                                => free and total of ctx's device
 //  cuMemGetAddressRange        ctx, pointer inside a cuMemAlloc   => base and size of the allocation
 //  cuPointerGetAttribute       any pointer                        => CUDA_ERROR_INVALID_VALUE for
@@ -80,11 +99,25 @@
   X(cuMemAlloc, 3020)                      \
   X(cuMemFree, 3020)                       \
   X(cuMemAllocAsync, 11020)                 \
+  X(cuMemAllocFromPoolAsync, 11020)         \
   X(cuMemFreeAsync, 11020)                  \
   X(cuDeviceGetDefaultMemPool, 11020)       \
+  X(cuDeviceGetMemPool, 11020)              \
+  X(cuDeviceSetMemPool, 11020)              \
+  X(cuMemPoolCreate, 11020)                 \
+  X(cuMemPoolDestroy, 11020)                \
   X(cuMemPoolSetAttribute, 11020)           \
   X(cuMemPoolGetAttribute, 11020)           \
   X(cuMemPoolTrimTo, 11020)                 \
+  X(cuMemPoolSetAccess, 11020)              \
+  X(cuMemPoolGetAccess, 11020)              \
+  X(cuMemAllocManaged, 6000)                \
+  X(cuMemHostAlloc, 2020)                   \
+  X(cuMemFreeHost, 2000)                    \
+  X(cuMemHostGetDevicePointer, 3020)        \
+  X(cuMemHostGetFlags, 2030)                \
+  X(cuMemHostRegister, 6050)                \
+  X(cuMemHostUnregister, 4000)              \
   X(cuMemGetInfo, 3020)                    \
   X(cuMemGetAddressRange, 3020)            \
   X(cuPointerGetAttribute, 4000)           \

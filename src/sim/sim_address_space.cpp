@@ -58,14 +58,14 @@ device_address_space::~device_address_space() {
   munmap(base_, reserved_);
 }
 
-CUresult device_address_space::allocate(std::size_t bytes, allocation_kind kind, CUdeviceptr* out) {
+CUresult device_address_space::reserve_region(std::size_t bytes, CUdeviceptr* out) {
   const std::size_t unit = granularity();
   if (bytes > std::numeric_limits<std::size_t>::max() - unit) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::size_t footprint = round_up(bytes, unit);
 
   std::lock_guard lock(mutex_);
   if (footprint > capacity_ - used_) return CUDA_ERROR_OUT_OF_MEMORY;
-  // First fit in address order: simple, and keeps allocations packed low.
+  // First fit in address order: simple, and keeps regions packed low.
   auto hole = std::find_if(free_ranges_.begin(), free_ranges_.end(),
                            [&](const auto& range) { return range.second >= footprint; });
   if (hole == free_ranges_.end()) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -78,38 +78,31 @@ CUresult device_address_space::allocate(std::size_t bytes, allocation_kind kind,
   const std::size_t hole_length = hole->second;
   free_ranges_.erase(hole);
   if (hole_length > footprint) free_ranges_.emplace(offset + footprint, hole_length - footprint);
-
-  const auto base = reinterpret_cast<CUdeviceptr>(address);
-  live_.emplace(base, allocation{base, bytes, footprint, device_, kind, false});
   used_ += footprint;
-  if (kind == allocation_kind::stream_ordered) {
-    pool_.current += footprint;
-    pool_.used_high = std::max(pool_.used_high, pool_.current);
-    pool_.reserved_high = std::max(pool_.reserved_high, pool_.current);
-  }
-  *out = base;
+  *out = reinterpret_cast<CUdeviceptr>(address);
   return CUDA_SUCCESS;
 }
 
-void device_address_space::release_locked(std::map<CUdeviceptr, allocation>::iterator it) {
-  const allocation a = it->second;
-  live_.erase(it);
-  used_ -= a.footprint;
-  if (a.kind == allocation_kind::stream_ordered) pool_.current -= a.footprint;
+void device_address_space::release_region(CUdeviceptr base, std::size_t footprint) {
+  std::lock_guard lock(mutex_);
+  unmap_locked(base, footprint);
+}
 
+void device_address_space::unmap_locked(CUdeviceptr base, std::size_t footprint) {
+  used_ -= footprint;
   // A fresh PROT_NONE mapping over the pages: they fault on use and their
   // memory goes back to the host at once (like MADV_DONTNEED + mprotect, in one call).
-  void* address = reinterpret_cast<void*>(a.base);
-  if (mmap(address, a.footprint, reserved_protection, reserved_flags | MAP_FIXED, -1, 0) == MAP_FAILED) {
+  void* address = reinterpret_cast<void*>(base);
+  if (mmap(address, footprint, reserved_protection, reserved_flags | MAP_FIXED, -1, 0) == MAP_FAILED) {
     // Cannot happen for a range we own short of the host running out of mappings;
     // fall back to taking away access, which cannot fail for lack of memory.
-    madvise(address, a.footprint, MADV_DONTNEED);
-    mprotect(address, a.footprint, PROT_NONE);
+    madvise(address, footprint, MADV_DONTNEED);
+    mprotect(address, footprint, PROT_NONE);
   }
 
   // Give the range back to the free map, coalescing with its neighbours.
   std::size_t offset = static_cast<std::size_t>(reinterpret_cast<std::byte*>(address) - base_);
-  std::size_t length = a.footprint;
+  std::size_t length = footprint;
   auto next = free_ranges_.lower_bound(offset);
   if (next != free_ranges_.end() && offset + length == next->first) {
     length += next->second;
@@ -125,18 +118,41 @@ void device_address_space::release_locked(std::map<CUdeviceptr, allocation>::ite
   free_ranges_.emplace(offset, length);
 }
 
+CUresult device_address_space::allocate(std::size_t bytes, allocation_kind kind, unsigned attach,
+                                        CUdeviceptr* out) {
+  CUdeviceptr base = 0;
+  if (CUresult r = reserve_region(bytes, &base); r != CUDA_SUCCESS) return r;
+  allocation a;
+  a.base = base;
+  a.size = bytes;
+  a.footprint = round_up(bytes, granularity());
+  a.device = device_;
+  a.kind = kind;
+  a.attach = attach;
+  std::lock_guard lock(mutex_);
+  live_.emplace(base, a);
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
 CUresult device_address_space::free(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
-  if (it == live_.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
-  release_locked(it);
+  if (it == live_.end() || it->second.free_pending || it->second.kind == allocation_kind::stream_ordered) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::size_t footprint = it->second.footprint;
+  live_.erase(it);
+  unmap_locked(base, footprint);
   return CUDA_SUCCESS;
 }
 
 CUresult device_address_space::mark_free_pending(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
-  if (it == live_.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  if (it == live_.end() || it->second.free_pending || it->second.kind == allocation_kind::stream_ordered) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   it->second.free_pending = true;
   return CUDA_SUCCESS;
 }
@@ -144,13 +160,33 @@ CUresult device_address_space::mark_free_pending(CUdeviceptr base) {
 void device_address_space::complete_pending_free(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
-  if (it != live_.end() && it->second.free_pending) release_locked(it);
+  if (it != live_.end() && it->second.free_pending) {
+    const std::size_t footprint = it->second.footprint;
+    live_.erase(it);
+    unmap_locked(base, footprint);
+  }
 }
 
 void device_address_space::cancel_pending_free(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
   if (it != live_.end()) it->second.free_pending = false;
+}
+
+void device_address_space::add_block(const allocation& block) {
+  std::lock_guard lock(mutex_);
+  live_.emplace(block.base, block);
+}
+
+std::optional<allocation> device_address_space::remove_block(CUdeviceptr base, const sim_pool* pool) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second.kind != allocation_kind::stream_ordered || it->second.pool != pool) {
+    return std::nullopt;
+  }
+  allocation a = it->second;
+  live_.erase(it);
+  return a;
 }
 
 std::optional<allocation> device_address_space::find(CUdeviceptr p) const {
@@ -179,21 +215,6 @@ std::size_t device_address_space::used_bytes() const {
 std::size_t device_address_space::live_allocations() const {
   std::lock_guard lock(mutex_);
   return live_.size();
-}
-
-pool_usage device_address_space::stream_ordered_usage() const {
-  std::lock_guard lock(mutex_);
-  return pool_;
-}
-
-void device_address_space::reset_used_high() {
-  std::lock_guard lock(mutex_);
-  pool_.used_high = pool_.current;
-}
-
-void device_address_space::reset_reserved_high() {
-  std::lock_guard lock(mutex_);
-  pool_.reserved_high = pool_.current;
 }
 
 }  // namespace gpumem::detail::simulator

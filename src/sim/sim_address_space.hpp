@@ -1,8 +1,15 @@
 // One simulated device's memory: a reserved range of host address space in which
-// allocations are placed, with the device's capacity accounting.
+// regions are placed, with the device's capacity accounting, and the live
+// allocations that pointer queries and copies are checked against.
+//
+// Two levels. A *region* is what counts against the device's capacity: a
+// cuMemAlloc or cuMemAllocManaged allocation, or a segment a memory pool
+// reserved. An *allocation* is what a program holds: for cuMemAlloc and
+// cuMemAllocManaged the whole region; for a pool, a block inside one of its
+// segments (the pool places blocks and adds and removes them here).
 //
 // The whole range is mapped PROT_NONE (and MAP_NORESERVE, so it costs nothing)
-// when the device is created; an allocation makes its pages read/write, a free
+// when the device is created; a region makes its pages read/write, releasing it
 // makes them PROT_NONE again and gives the pages back, so a use after free
 // faults as it would on a GPU. The range is several times the capacity, so
 // address-space fragmentation practically never causes an out-of-memory that
@@ -20,28 +27,25 @@
 
 namespace gpumem::detail::simulator {
 
+class sim_pool;
+
 enum class allocation_kind {
   synchronous,     // cuMemAlloc
-  stream_ordered,  // cuMemAllocAsync, from the device's default pool
+  managed,         // cuMemAllocManaged
+  stream_ordered,  // cuMemAllocAsync / cuMemAllocFromPoolAsync: a block of a pool's segment
 };
 
 struct allocation {
   CUdeviceptr base = 0;
   std::size_t size = 0;       // as requested: the bounds copies are checked against
-  std::size_t footprint = 0;  // rounded up to whole pages: what counts against capacity
+  std::size_t footprint = 0;  // rounded up to whole pages
   int device = -1;
   allocation_kind kind = allocation_kind::synchronous;
-  bool free_pending = false;  // a cuMemFreeAsync is queued and not yet reached
+  bool free_pending = false;  // cuMemFreeAsync of cuMemAlloc memory: queued, not yet reached
+  sim_pool* pool = nullptr;   // the pool of a stream-ordered block
+  unsigned attach = 0;        // CU_MEM_ATTACH_* of managed memory
 
   bool contains(CUdeviceptr p) const { return p >= base && p - base < size; }
-};
-
-// What the default pool reports (CU_MEMPOOL_ATTR_*_MEM_*): the live bytes of
-// stream-ordered allocations and their high watermarks.
-struct pool_usage {
-  std::uint64_t current = 0;
-  std::uint64_t used_high = 0;
-  std::uint64_t reserved_high = 0;
 };
 
 class device_address_space {
@@ -52,22 +56,35 @@ class device_address_space {
   device_address_space(const device_address_space&) = delete;
   device_address_space& operator=(const device_address_space&) = delete;
 
-  // Placement unit and alignment of allocations: the host page, at least 4 KiB.
+  // Placement unit and alignment of regions and blocks: the host page, at least 4 KiB.
   static std::size_t granularity();
 
+  // ---- regions ----
+  // Places a region of `bytes` rounded up to pages and makes it read/write.
   // CUDA_ERROR_OUT_OF_MEMORY when the capacity (or, in pathological cases, the
   // reserved range) has no room. `bytes` must be > 0.
-  CUresult allocate(std::size_t bytes, allocation_kind kind, CUdeviceptr* out);
+  CUresult reserve_region(std::size_t bytes, CUdeviceptr* out);
+  // Gives a region back (its pages fault from now on). The caller owns it and
+  // has removed every allocation inside it.
+  void release_region(CUdeviceptr base, std::size_t footprint);
+
+  // ---- allocations that are whole regions: cuMemAlloc, cuMemAllocManaged ----
+  CUresult allocate(std::size_t bytes, allocation_kind kind, unsigned attach, CUdeviceptr* out);
   // Frees the allocation that starts at `base`; CUDA_ERROR_INVALID_VALUE for a
-  // pointer that is not the start of a live allocation or whose free is queued.
+  // pointer that is not the start of such a live allocation or whose free is queued.
   CUresult free(CUdeviceptr base);
-  // For cuMemFreeAsync: checks like free() and marks the free as queued, so the
-  // allocation can neither be freed twice nor used by work queued after it.
+  // For cuMemFreeAsync of such memory: checks like free() and marks the free as
+  // queued, so the allocation can neither be freed twice nor used by work queued after it.
   CUresult mark_free_pending(CUdeviceptr base);
   // Completes a free marked pending (when the stream reaches it), or takes the
   // mark back (when queuing the free failed).
   void complete_pending_free(CUdeviceptr base);
   void cancel_pending_free(CUdeviceptr base);
+
+  // ---- pool blocks inside a pool's regions ----
+  void add_block(const allocation& block);
+  // Removes the live block of `pool` that starts at `base`; nullopt if there is none.
+  std::optional<allocation> remove_block(CUdeviceptr base, const sim_pool* pool);
 
   // The live allocation containing p, if any.
   std::optional<allocation> find(CUdeviceptr p) const;
@@ -76,15 +93,12 @@ class device_address_space {
 
   int device() const { return device_; }
   std::size_t capacity() const { return capacity_; }
+  // Bytes of capacity in regions (what cuMemGetInfo reports as not free).
   std::size_t used_bytes() const;
   std::size_t live_allocations() const;
-  pool_usage stream_ordered_usage() const;
-  // Resets a high watermark to the current value (setting it to 0, as the driver allows).
-  void reset_used_high();
-  void reset_reserved_high();
 
  private:
-  void release_locked(std::map<CUdeviceptr, allocation>::iterator it);
+  void unmap_locked(CUdeviceptr base, std::size_t footprint);
 
   const int device_;
   const std::size_t capacity_;
@@ -95,7 +109,6 @@ class device_address_space {
   std::map<std::size_t, std::size_t> free_ranges_;  // offset -> length, address order, coalesced
   std::map<CUdeviceptr, allocation> live_;          // base -> allocation
   std::size_t used_ = 0;
-  pool_usage pool_;
 };
 
 }  // namespace gpumem::detail::simulator

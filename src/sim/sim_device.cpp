@@ -18,8 +18,9 @@ namespace {
 thread_local sim_context* current = nullptr;
 
 // What cuDeviceGetAttribute reports: an H100-like device (compute capability 9.0,
-// 132 SMs). Facts about features the simulator does not model (managed memory,
-// VMM, IPC handles, peer access...) say "not supported". Any attribute not listed
+// 132 SMs). Facts about features the simulator does not model (VMM, IPC handles
+// of memory, peer access...) say "not supported"; mapped, registered and managed
+// host memory and IPC-capable pools (POSIX file descriptors) are modelled. Any attribute not listed
 // here gives CUDA_ERROR_INVALID_VALUE. PCI bus id = the device ordinal.
 constexpr std::pair<CUdevice_attribute, int> attribute_table[] = {
     {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
@@ -39,7 +40,7 @@ constexpr std::pair<CUdevice_attribute, int> attribute_table[] = {
     {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
     {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
     {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
-    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
     {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
     {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 0},
@@ -59,21 +60,22 @@ constexpr std::pair<CUdevice_attribute, int> attribute_table[] = {
     {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 233472},
     {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
-    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0},
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
     {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD, 0},
     {CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0},
-    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1},
-    {CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 1},
     {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448},
-    {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
-    {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0},
+    {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR},
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0},
@@ -238,10 +240,12 @@ CUresult ctx_get_device(CUdevice* device) {
 }
 
 CUresult ctx_synchronize() {
-  return entry_point([&](sim_state&) {
+  return entry_point([&](sim_state& state) {
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
     context->synchronize();
+    // Every free on the context's streams is now seen complete: a synchronization point for the pools.
+    observe_synchronization(state, host_observation::of_context(context->device()));
     return CUDA_SUCCESS;
   });
 }

@@ -53,16 +53,18 @@ class sim_context {
 };
 
 struct sim_device {
-  sim_device(int device_ordinal, std::size_t memory_bytes)
+  sim_device(int device_ordinal, std::size_t memory_bytes, int device_count)
       : ordinal(device_ordinal),
         memory(device_ordinal, memory_bytes),
         context(device_ordinal),
-        default_pool(memory) {}
+        default_pool(memory, device_count, /*is_default=*/true, CU_MEM_HANDLE_TYPE_NONE, 0),
+        current_pool(&default_pool) {}
 
   const int ordinal;
   device_address_space memory;
   sim_context context;
   sim_pool default_pool;
+  std::atomic<sim_pool*> current_pool;  // cuDeviceGetMemPool / cuDeviceSetMemPool
 };
 
 inline CUcontext to_handle(sim_context* context) { return reinterpret_cast<CUcontext>(context); }

@@ -47,6 +47,7 @@ CUresult stream_wait_event(CUstream stream, CUevent event, unsigned int flags);
 
 // sim_memory.cpp
 CUresult mem_alloc(CUdeviceptr* pointer, std::size_t bytes);
+CUresult mem_alloc_managed(CUdeviceptr* pointer, std::size_t bytes, unsigned int flags);
 CUresult mem_free(CUdeviceptr pointer);
 CUresult mem_get_info(std::size_t* free, std::size_t* total);
 CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr pointer);
@@ -54,11 +55,26 @@ CUresult pointer_get_attribute(void* data, CUpointer_attribute attribute, CUdevi
 
 // sim_pool.cpp
 CUresult mem_alloc_async(CUdeviceptr* pointer, std::size_t bytes, CUstream stream);
+CUresult mem_alloc_from_pool_async(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool pool, CUstream stream);
 CUresult mem_free_async(CUdeviceptr pointer, CUstream stream);
 CUresult device_get_default_mem_pool(CUmemoryPool* pool, CUdevice device);
+CUresult device_get_mem_pool(CUmemoryPool* pool, CUdevice device);
+CUresult device_set_mem_pool(CUdevice device, CUmemoryPool pool);
+CUresult mem_pool_create(CUmemoryPool* pool, const CUmemPoolProps* props);
+CUresult mem_pool_destroy(CUmemoryPool pool);
 CUresult mem_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value);
 CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attribute, void* value);
 CUresult mem_pool_trim_to(CUmemoryPool pool, std::size_t min_bytes_to_keep);
+CUresult mem_pool_set_access(CUmemoryPool pool, const CUmemAccessDesc* map, std::size_t count);
+CUresult mem_pool_get_access(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location);
+
+// sim_host_memory.cpp
+CUresult mem_host_alloc(void** pointer, std::size_t bytes, unsigned int flags);
+CUresult mem_free_host(void* pointer);
+CUresult mem_host_get_device_pointer(CUdeviceptr* device_pointer, void* pointer, unsigned int flags);
+CUresult mem_host_get_flags(unsigned int* flags, void* pointer);
+CUresult mem_host_register(void* pointer, std::size_t bytes, unsigned int flags);
+CUresult mem_host_unregister(void* pointer);
 
 // sim_copy.cpp
 CUresult memcpy_sync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes);

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "sim/sim_entry_points.hpp"
+#include "sim/sim_pool.hpp"
 #include "sim/sim_state.hpp"
 
 namespace gpumem::detail::simulator {
@@ -102,7 +103,11 @@ CUresult event_synchronize(CUevent handle) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_event> event;
     if (CUresult r = find_event(state, handle, event); r != CUDA_SUCCESS) return r;
-    if (auto record = event->last_record()) record->wait();
+    if (auto record = event->last_record()) {
+      record->wait();
+      // The host has now seen the recorded work complete: a synchronization point for the pools.
+      observe_synchronization(state, host_observation::of_position(*record));
+    }
     return CUDA_SUCCESS;
   });
 }
@@ -136,7 +141,13 @@ CUresult stream_wait_event(CUstream stream_handle, CUevent event_handle, unsigne
     // The record as of now; a later record of the event does not move this wait.
     // The event may be of another device, as in CUDA.
     auto record = event->last_record();
-    if (!record || record->reached()) return CUDA_SUCCESS;
+    if (!record) return CUDA_SUCCESS;
+    if (record->reached()) {
+      // Nothing to wait for, but the stream's later work is now ordered after
+      // the record (the pools' REUSE_FOLLOW_EVENT_DEPENDENCIES sees it).
+      stream->merge(*record);
+      return CUDA_SUCCESS;
+    }
     // An empty work item whose prerequisite stalls the stream's later work.
     return enqueue(stream, [] {}, {std::move(*record)});
   });

@@ -1,5 +1,5 @@
-// Device memory entry points (cuMemAlloc, cuMemFree, cuMemGetInfo,
-// cuMemGetAddressRange, cuPointerGetAttribute) and the cross-device lookups
+// Device memory entry points (cuMemAlloc, cuMemAllocManaged, cuMemFree,
+// cuMemGetInfo, cuMemGetAddressRange, cuPointerGetAttribute) and the cross-device lookups
 // they and the copies share (see sim_memory.hpp).
 #include "sim/sim_memory.hpp"
 
@@ -11,10 +11,10 @@
 namespace gpumem::detail::simulator {
 
 CUresult allocate_device_memory(sim_state& state, sim_device& device, std::size_t bytes,
-                                allocation_kind kind, CUdeviceptr* out) {
+                                allocation_kind kind, CUdeviceptr* out, unsigned attach) {
   if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (state.faults.should_fail_allocation()) return CUDA_ERROR_OUT_OF_MEMORY;
-  return device.memory.allocate(bytes, kind, out);
+  return device.memory.allocate(bytes, kind, attach, out);
 }
 
 std::optional<allocation> find_allocation(sim_state& state, CUdeviceptr pointer) {
@@ -48,12 +48,25 @@ CUresult mem_alloc(CUdeviceptr* pointer, std::size_t bytes) {
   });
 }
 
+CUresult mem_alloc_managed(CUdeviceptr* pointer, std::size_t bytes, unsigned int flags) {
+  return entry_point([&](sim_state& state) {
+    sim_context* context = nullptr;
+    if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    // Placed in the current context's device memory and counted against its
+    // capacity: no oversubscription, no migration (docs/simulator.md).
+    return allocate_device_memory(state, *state.device(context->device()), bytes,
+                                  allocation_kind::managed, pointer, flags);
+  });
+}
+
 CUresult mem_free(CUdeviceptr pointer) {
   return entry_point([&](sim_state& state) {
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
     auto a = find_allocation(state, pointer);
     if (!a || a->base != pointer || a->free_pending) return CUDA_ERROR_INVALID_VALUE;
+    if (a->kind == allocation_kind::stream_ordered) return CUDA_ERROR_INVALID_VALUE;  // cuMemFreeAsync's
     // The real cuMemFree synchronizes the device first; this also keeps queued
     // host functions and copies from touching pages that are about to fault.
     sim_device& owner = *state.device(a->device);
@@ -86,22 +99,77 @@ CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr
   });
 }
 
+namespace {
+
+// cuPointerGetAttribute for page-locked host memory (allocated or registered).
+CUresult host_pointer_attribute(sim_state& state, const host_range& range, void* data,
+                                CUpointer_attribute attribute, CUdeviceptr pointer) {
+  // `pointer` may be the host or the device address of the range.
+  const std::uintptr_t offset = range.contains(pointer) ? pointer - range.base : pointer - range.device_base;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = to_handle(&state.device(range.device)->context);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned int*>(data) = CU_MEMORYTYPE_HOST;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      if (current_context() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+      *static_cast<CUdeviceptr*>(data) = range.device_base + offset;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      *static_cast<void**>(data) = reinterpret_cast<void*>(range.base + offset);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = range.device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = range.contains(pointer) ? range.base : range.device_base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<std::size_t*>(data) = range.size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<bool*>(data) = false;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<bool*>(data) = true;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<CUmemoryPool*>(data) = nullptr;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+}  // namespace
+
 CUresult pointer_get_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer) {
   return entry_point([&](sim_state& state) {
     if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto a = find_allocation(state, pointer);
-    if (!a) return CUDA_ERROR_INVALID_VALUE;  // memory the driver does not know
+    if (!a) {
+      if (auto range = state.host.find(pointer)) return host_pointer_attribute(state, *range, data, attribute, pointer);
+      return CUDA_ERROR_INVALID_VALUE;  // memory the driver does not know
+    }
     switch (attribute) {
       case CU_POINTER_ATTRIBUTE_CONTEXT:
         *static_cast<CUcontext*>(data) = to_handle(&state.device(a->device)->context);
         return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        // Managed memory too: IS_MANAGED tells it apart (the runtime reports it as managed from that).
         *static_cast<unsigned int*>(data) = CU_MEMORYTYPE_DEVICE;
         return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         // "as seen from the current context", so the driver wants one.
         if (current_context() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
         *static_cast<CUdeviceptr*>(data) = pointer;  // unified addressing: the same value
+        return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        // Only managed memory has a host view; device memory has none.
+        if (a->kind != allocation_kind::managed) return CUDA_ERROR_INVALID_VALUE;
+        *static_cast<void**>(data) = reinterpret_cast<void*>(pointer);
         return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         *static_cast<int*>(data) = a->device;
@@ -113,19 +181,16 @@ CUresult pointer_get_attribute(void* data, CUpointer_attribute attribute, CUdevi
         *static_cast<std::size_t*>(data) = a->size;
         return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-        *static_cast<bool*>(data) = false;
+        *static_cast<bool*>(data) = a->kind == allocation_kind::managed;
         return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_MAPPED:
         *static_cast<bool*>(data) = true;
         return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-        *static_cast<CUmemoryPool*>(data) =
-            a->kind == allocation_kind::stream_ordered
-                ? reinterpret_cast<CUmemoryPool>(&state.device(a->device)->default_pool)
-                : nullptr;
+        *static_cast<CUmemoryPool*>(data) = a->kind == allocation_kind::stream_ordered ? a->pool->handle() : nullptr;
         return CUDA_SUCCESS;
       default:
-        return CUDA_ERROR_INVALID_VALUE;  // not modelled (host pointers, P2P tokens, IPC...)
+        return CUDA_ERROR_INVALID_VALUE;  // not modelled (P2P tokens, IPC, buffer ids...)
     }
   });
 }

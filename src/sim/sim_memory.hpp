@@ -14,10 +14,10 @@ namespace gpumem::detail::simulator {
 class sim_state;
 struct sim_device;
 
-// cuMemAlloc and cuMemAllocAsync share this: CUDA_ERROR_INVALID_VALUE for 0
-// bytes, then fault injection, then the device's capacity.
+// cuMemAlloc and cuMemAllocManaged share this: CUDA_ERROR_INVALID_VALUE for 0
+// bytes or a null output, then fault injection, then the device's capacity.
 CUresult allocate_device_memory(sim_state& state, sim_device& device, std::size_t bytes,
-                                allocation_kind kind, CUdeviceptr* out);
+                                allocation_kind kind, CUdeviceptr* out, unsigned attach = 0);
 
 // The live allocation containing `pointer`, on any device.
 std::optional<allocation> find_allocation(sim_state& state, CUdeviceptr pointer);

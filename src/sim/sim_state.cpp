@@ -21,9 +21,10 @@ CUresult sim_state::initialize() {
   try {
     std::vector<std::unique_ptr<sim_device>> devices;
     for (int ordinal = 0; ordinal < config.device_count; ++ordinal) {
-      devices.push_back(std::make_unique<sim_device>(ordinal, config.memory_per_device));
+      devices.push_back(std::make_unique<sim_device>(ordinal, config.memory_per_device, config.device_count));
     }
     devices_ = std::move(devices);
+    for (const auto& d : devices_) pools.add(&d->default_pool);
   } catch (const std::bad_alloc&) {
     return CUDA_ERROR_OUT_OF_MEMORY;  // nothing kept: a later cuInit may try again
   }
@@ -39,13 +40,6 @@ sim_device* sim_state::device(int ordinal) const {
 sim_context* sim_state::find_context(CUcontext handle) const {
   for (const auto& d : devices_) {
     if (to_handle(&d->context) == handle) return &d->context;
-  }
-  return nullptr;
-}
-
-sim_pool* sim_state::find_pool(CUmemoryPool handle) const {
-  for (const auto& d : devices_) {
-    if (reinterpret_cast<CUmemoryPool>(&d->default_pool) == handle) return &d->default_pool;
   }
   return nullptr;
 }

@@ -19,6 +19,8 @@
 #include "sim/sim_device.hpp"
 #include "sim/sim_fault_injection.hpp"
 #include "sim/sim_handles.hpp"
+#include "sim/sim_host_memory.hpp"
+#include "sim/sim_pool.hpp"
 
 namespace gpumem::detail::simulator {
 
@@ -33,6 +35,8 @@ class sim_state {
   fault_injector faults;
   handle_registry<sim_stream> streams;
   handle_registry<sim_event> events;
+  pool_registry pools;
+  host_memory host;
 
   // cuInit: builds the devices (reserving their address space) the first time.
   // CUDA_ERROR_OUT_OF_MEMORY if the host cannot reserve it.
@@ -43,7 +47,6 @@ class sim_state {
   int device_count() const { return static_cast<int>(devices_.size()); }
   sim_device* device(int ordinal) const;  // null when out of range
   sim_context* find_context(CUcontext handle) const;
-  sim_pool* find_pool(CUmemoryPool handle) const;
 
  private:
   std::mutex init_mutex_;

@@ -1,19 +1,52 @@
-// Streams: workers, FIFO execution, the legacy default stream's rules, and the
-// stream entry points (see sim_stream.hpp).
+// Streams: workers, FIFO execution, the legacy default stream's rules, stream
+// clocks, and the stream entry points (see sim_stream.hpp).
 #include "sim/sim_stream.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "sim/sim_entry_points.hpp"
+#include "sim/sim_pool.hpp"
 #include "sim/sim_state.hpp"
 
 namespace gpumem::detail::simulator {
+namespace {
+
+std::atomic<std::uint64_t> next_stream_id{1};
+
+// Raises `clock`'s entry for `id` to at least `sequence`; true if it changed.
+bool raise(stream_clock& clock, std::uint64_t id, std::uint64_t sequence) {
+  auto it = std::lower_bound(clock.begin(), clock.end(), id,
+                             [](const auto& entry, std::uint64_t key) { return entry.first < key; });
+  if (it != clock.end() && it->first == id) {
+    if (it->second >= sequence) return false;
+    it->second = sequence;
+    return true;
+  }
+  clock.insert(it, {id, sequence});
+  return true;
+}
+
+}  // namespace
+
+bool clock_covers(const stream_clock* clock, std::uint64_t id, std::uint64_t sequence) {
+  if (clock == nullptr) return false;
+  auto it = std::lower_bound(clock->begin(), clock->end(), id,
+                             [](const auto& entry, std::uint64_t key) { return entry.first < key; });
+  return it != clock->end() && it->first == id && it->second >= sequence;
+}
 
 bool stream_position::reached() const { return stream->has_reached(sequence); }
 void stream_position::wait() const { stream->wait_for(sequence); }
 
+bool stream_position::covers(std::uint64_t id, std::uint64_t at) const {
+  if (stream != nullptr && stream->id() == id && at <= sequence) return true;
+  return clock_covers(clock.get(), id, at);
+}
+
 sim_stream::sim_stream(sim_context& context, stream_kind kind, passkey)
-    : context_(context), kind_(kind) {}
+    : context_(context), kind_(kind), id_(next_stream_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 std::shared_ptr<sim_stream> sim_stream::start(sim_context& context, stream_kind kind) {
   auto stream = std::make_shared<sim_stream>(context, kind, passkey{});
@@ -52,20 +85,52 @@ void sim_stream::run_worker() {
 
 std::optional<stream_position> sim_stream::submit(std::vector<stream_position> prerequisites, work w) {
   std::uint64_t sequence = 0;
+  std::shared_ptr<const stream_clock> clock;
   {
     std::lock_guard lock(mutex_);
     if (closed_) return std::nullopt;
+    for (const stream_position& p : prerequisites) merge_locked(p);
     queue_.push_back(queued_work{std::move(prerequisites), std::move(w)});
     sequence = ++submitted_;
+    clock = clock_;
   }
   work_available_.notify_one();
-  return stream_position{shared_from_this(), sequence};
+  return stream_position{shared_from_this(), sequence, std::move(clock)};
+}
+
+void sim_stream::merge_locked(const stream_position& p) {
+  if (p.stream == nullptr || p.stream.get() == this) return;
+  // Copy on write: positions handed out earlier keep the clock they had.
+  stream_clock next = clock_ ? *clock_ : stream_clock{};
+  bool changed = raise(next, p.stream->id(), p.sequence);
+  if (p.clock) {
+    for (const auto& [id, sequence] : *p.clock) {
+      if (id != id_) changed = raise(next, id, sequence) || changed;
+    }
+  }
+  if (changed) clock_ = std::make_shared<const stream_clock>(std::move(next));
+}
+
+void sim_stream::merge(const stream_position& p) {
+  std::lock_guard lock(mutex_);
+  merge_locked(p);
+}
+
+bool sim_stream::ordered_after(std::uint64_t id, std::uint64_t sequence) const {
+  if (id == id_) return true;  // FIFO: later work follows everything queued before
+  std::lock_guard lock(mutex_);
+  return clock_covers(clock_.get(), id, sequence);
 }
 
 std::optional<stream_position> sim_stream::pending_tail() {
   std::lock_guard lock(mutex_);
   if (completed_ == submitted_) return std::nullopt;
-  return stream_position{shared_from_this(), submitted_};
+  return stream_position{shared_from_this(), submitted_, clock_};
+}
+
+stream_position sim_stream::tail() {
+  std::lock_guard lock(mutex_);
+  return stream_position{shared_from_this(), submitted_, clock_};
 }
 
 bool sim_stream::idle() const {
@@ -112,31 +177,66 @@ CUresult resolve_stream(sim_state& state, CUstream handle, std::shared_ptr<sim_s
   return out != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-CUresult enqueue(const std::shared_ptr<sim_stream>& stream, sim_stream::work w,
-                 std::vector<stream_position> prerequisites, stream_position* position) {
-  // Each position captured here is of work queued before this call, so waits
-  // only ever point backwards in submission order and cannot form a cycle.
-  sim_context& context = stream->context();
-  switch (stream->kind()) {
+namespace {
+
+// The streams whose earlier work the legacy rules make `stream`'s next work wait for.
+std::vector<std::shared_ptr<sim_stream>> implicitly_awaited(const sim_stream& stream) {
+  std::vector<std::shared_ptr<sim_stream>> out;
+  sim_context& context = stream.context();
+  switch (stream.kind()) {
     case stream_kind::legacy_default:
-      for (const auto& other : context.streams()) {
-        if (other->kind() == stream_kind::blocking) {
-          if (auto tail = other->pending_tail()) prerequisites.push_back(std::move(*tail));
-        }
+      for (auto& other : context.streams()) {
+        if (other->kind() == stream_kind::blocking) out.push_back(std::move(other));
       }
       break;
     case stream_kind::blocking:
-      if (auto legacy = context.started_legacy_stream()) {
-        if (auto tail = legacy->pending_tail()) prerequisites.push_back(std::move(*tail));
-      }
+      if (auto legacy = context.started_legacy_stream()) out.push_back(std::move(legacy));
       break;
     case stream_kind::non_blocking:
       break;
   }
+  return out;
+}
+
+void add_implicit_prerequisites(const sim_stream& stream, std::vector<stream_position>& prerequisites) {
+  // Each position captured here is of work queued before this call, so waits
+  // only ever point backwards in submission order and cannot form a cycle.
+  for (const auto& other : implicitly_awaited(stream)) {
+    if (auto tail = other->pending_tail()) prerequisites.push_back(std::move(*tail));
+  }
+}
+
+}  // namespace
+
+CUresult enqueue(const std::shared_ptr<sim_stream>& stream, sim_stream::work w,
+                 std::vector<stream_position> prerequisites, stream_position* position) {
+  add_implicit_prerequisites(*stream, prerequisites);
   auto queued = stream->submit(std::move(prerequisites), std::move(w));
   if (!queued) return CUDA_ERROR_INVALID_HANDLE;
   if (position != nullptr) *position = std::move(*queued);
   return CUDA_SUCCESS;
+}
+
+CUresult order_point(const std::shared_ptr<sim_stream>& stream, stream_position* position) {
+  std::vector<stream_position> implicit;
+  add_implicit_prerequisites(*stream, implicit);
+  if (implicit.empty()) {
+    *position = stream->tail();
+    return CUDA_SUCCESS;
+  }
+  auto queued = stream->submit(std::move(implicit), [] {});
+  if (!queued) return CUDA_ERROR_INVALID_HANDLE;
+  *position = std::move(*queued);
+  return CUDA_SUCCESS;
+}
+
+bool next_work_ordered_after(const std::shared_ptr<sim_stream>& stream, std::uint64_t id,
+                             std::uint64_t sequence) {
+  if (stream->ordered_after(id, sequence)) return true;
+  for (const auto& other : implicitly_awaited(*stream)) {
+    if (other->tail().covers(id, sequence)) return true;
+  }
+  return false;
 }
 
 // ---- entry points ----
@@ -191,7 +291,10 @@ CUresult stream_synchronize(CUstream handle) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
-    stream->synchronize();
+    const stream_position tail = stream->tail();
+    tail.wait();
+    // The host has now seen this work complete: a synchronization point for the pools.
+    observe_synchronization(state, host_observation::of_position(tail));
     return CUDA_SUCCESS;
   });
 }

@@ -1,5 +1,6 @@
 // Streams: FIFO queues of work, each run asynchronously by its own host worker
-// thread, and the legacy default stream's implicit synchronization rules.
+// thread, the legacy default stream's implicit synchronization rules, and the
+// ordering knowledge (stream clocks) the stream-ordered pools reuse memory by.
 #pragma once
 
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <cuda.h>
@@ -19,14 +21,34 @@ class sim_context;
 class sim_state;
 class sim_stream;
 
+// Note [Stream clocks]
+// A stream clock says which positions of other streams a stream's work is
+// ordered after: entry (id, n) means "everything queued here from now on runs
+// after the first n items of stream `id`". It grows when work is queued with
+// prerequisites (cuStreamWaitEvent, the legacy default stream's rules) and
+// merges the prerequisite's own clock, so the knowledge is transitive: A waits
+// for B which waited for C makes A ordered after C. Streams are named by a
+// unique id, never by address: a destroyed stream's address is reused by new
+// ones, and a stale entry must not make an unrelated stream look ordered.
+// The pools use it for CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, and
+// synchronizations use it to say which frees the host has now seen complete.
+using stream_clock = std::vector<std::pair<std::uint64_t, std::uint64_t>>;  // (stream id, sequence), by id
+
+// Whether `clock` (may be null) holds (id, >= sequence).
+bool clock_covers(const stream_clock* clock, std::uint64_t id, std::uint64_t sequence);
+
 // A point in a stream's work: reached once the stream has completed its first
 // `sequence` items. Events record positions; waits and the legacy rules wait for them.
 struct stream_position {
   std::shared_ptr<sim_stream> stream;
   std::uint64_t sequence = 0;
+  // What the position is ordered after on other streams (null: nothing).
+  std::shared_ptr<const stream_clock> clock;
 
   bool reached() const;
   void wait() const;
+  // Whether this position is at or after (id, sequence) in stream order.
+  bool covers(std::uint64_t id, std::uint64_t sequence) const;
 };
 
 enum class stream_kind {
@@ -48,6 +70,8 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   sim_context& context() const { return context_; }
   int device() const;
   stream_kind kind() const { return kind_; }
+  // Unique for the life of the process (see Note [Stream clocks]).
+  std::uint64_t id() const { return id_; }
 
   // Appends `w`, to run once every prerequisite is reached and all earlier work
   // of this stream is done. Returns the position just after it, or nullopt if
@@ -56,6 +80,14 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
 
   // The position after the work queued so far, or nullopt when all of it is done.
   std::optional<stream_position> pending_tail();
+  // The position after the work queued so far, done or not.
+  stream_position tail();
+  // Later work is ordered after `p` without queuing anything (a wait on a
+  // position already reached).
+  void merge(const stream_position& p);
+  // Whether work queued on this stream from now on runs after (id, sequence).
+  bool ordered_after(std::uint64_t id, std::uint64_t sequence) const;
+
   bool idle() const;
   bool has_reached(std::uint64_t sequence) const;
   void wait_for(std::uint64_t sequence) const;
@@ -72,9 +104,11 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
     work run;
   };
   void run_worker();
+  void merge_locked(const stream_position& p);
 
   sim_context& context_;
   const stream_kind kind_;
+  const std::uint64_t id_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_available_;
@@ -83,6 +117,7 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   std::uint64_t submitted_ = 0;
   std::uint64_t completed_ = 0;
   bool closed_ = false;
+  std::shared_ptr<const stream_clock> clock_;  // copied on write: positions share snapshots
 };
 
 inline CUstream to_handle(sim_stream* stream) { return reinterpret_cast<CUstream>(stream); }
@@ -103,5 +138,17 @@ CUresult resolve_stream(sim_state& state, CUstream handle, std::shared_ptr<sim_s
 CUresult enqueue(const std::shared_ptr<sim_stream>& stream, sim_stream::work w,
                  std::vector<stream_position> prerequisites = {},
                  stream_position* position = nullptr);
+
+// The point in `stream`'s order that an operation issued now (cuMemFreeAsync)
+// takes effect at: after all work queued on it so far and, under the legacy
+// rules, after the work it implicitly waits for. Queues an empty marker only
+// when such implicit work is pending. CUDA_ERROR_INVALID_HANDLE if the stream
+// was destroyed meanwhile.
+CUresult order_point(const std::shared_ptr<sim_stream>& stream, stream_position* position);
+
+// Whether the next work queued on `stream` runs after (id, sequence): through
+// its clock, or through the legacy rules' implicit waits.
+bool next_work_ordered_after(const std::shared_ptr<sim_stream>& stream, std::uint64_t id,
+                             std::uint64_t sequence);
 
 }  // namespace gpumem::detail::simulator

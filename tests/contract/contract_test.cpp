@@ -1,7 +1,16 @@
 // The resource contract (docs/resource-contract.md), checked against every
 // resource in all_resources(). Device work touches every allocation, so on a GPU
 // these tests prove the memory is usable from kernels.
+//
+// Host resources (properties().device == -1, e.g. pinned host memory) run the
+// same checks, with the host in the device's place: "more than could ever be
+// held" is more than the host's physical memory, any device's stream is
+// accepted, and there is no second device to hand out memory of. Their memory
+// must be reachable from device work (device_accessible), through the device
+// pointer the driver gives for it (support/touch.hpp asks for it).
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +40,14 @@ class Contract : public ::testing::TestWithParam<resource_factory> {
 
   memory_resource& mr() { return *mr_; }
   stream_view s() { return stream_->view(); }
+  bool host_memory() { return mr().properties().device < 0; }
+
+  // The most memory the resource's side could ever hold: the device's total
+  // memory, or the host's physical memory for host resources.
+  std::size_t capacity() {
+    if (!host_memory()) return device_memory_info(0).total_bytes;
+    return static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  }
 
   // The resource still works: a fresh allocation is written and read back.
   void expect_usable() {
@@ -94,7 +111,7 @@ TEST_P(Contract, BadAlignmentIsALogicError) {
 }
 
 TEST_P(Contract, ImpossibleSizesAreOutOfMemoryAtOnce) {
-  const std::size_t total = device_memory_info(0).total_bytes;
+  const std::size_t total = capacity();
   for (std::size_t bytes : {total + 1, total * 2, std::numeric_limits<std::size_t>::max() / 2,
                             std::numeric_limits<std::size_t>::max()}) {
     try {
@@ -111,7 +128,7 @@ TEST_P(Contract, ImpossibleSizesAreOutOfMemoryAtOnce) {
 }
 
 TEST_P(Contract, OutOfMemoryIsABadAlloc) {
-  const std::size_t total = device_memory_info(0).total_bytes;
+  const std::size_t total = capacity();
   EXPECT_THROW(mr().allocate(total + 1, s()), std::bad_alloc);
 }
 
@@ -142,6 +159,7 @@ TEST_P(Contract, NullForeignDoubleFreedAndResizedPointersAreLogicErrors) {
 
 TEST_P(Contract, StreamOfAnotherDeviceIsALogicError) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  if (host_memory()) GTEST_SKIP() << "host memory: any device's stream may use it";
   stream other_device_stream(1);
   EXPECT_THROW(mr().allocate(256, other_device_stream), logic_error);
   void* p = mr().allocate(256, s());
@@ -152,6 +170,7 @@ TEST_P(Contract, StreamOfAnotherDeviceIsALogicError) {
 
 TEST_P(Contract, ResourceOnSecondDeviceGivesThatDevicesMemory) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  if (host_memory()) GTEST_SKIP() << "host memory is no device's";
   auto mr1 = GetParam().make(1);
   EXPECT_EQ(mr1->properties().device, 1);
   stream s1(1);
@@ -207,7 +226,12 @@ TEST_P(Contract, EqualityMeansInterchangeable) {
 
 TEST_P(Contract, PropertiesDescribeTheMemory) {
   const resource_properties props = mr().properties();
-  EXPECT_EQ(props.device, 0);
+  if (host_memory()) {
+    EXPECT_EQ(props.device, -1);
+    EXPECT_TRUE(props.host_accessible);
+  } else {
+    EXPECT_EQ(props.device, 0);
+  }
   EXPECT_TRUE(props.device_accessible);
 }
 

@@ -8,8 +8,11 @@
 #include "gpumem/adaptors/statistics.hpp"
 #include "gpumem/adaptors/thread_safe.hpp"
 #include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/async_resource.hpp"
 #include "gpumem/config.hpp"
 #include "gpumem/cuda_resource.hpp"
+#include "gpumem/managed_resource.hpp"
+#include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
 
 namespace gpumem::test {
@@ -72,6 +75,28 @@ const std::vector<resource_factory>& all_resources() {
       {"every_adaptor_stacked", [](int device) {
          // What GPUMEM_CONF builds with every option: log(stats(track(defer(limit(pool(log(cuda))))))).
          return make_resource_from_config("pool,limit=90%,defer,track,stats,log=/dev/null", device);
+       }},
+      // Basic resources (docs/resources.md): the driver's pools, managed and pinned host memory.
+      {"async_resource", [](int device) { return std::make_shared<async_resource>(device); }},
+      {"async_resource_default_pool", [](int device) {
+         return std::make_shared<async_resource>(existing_pool::device_default, device);
+       }},
+      {"async_resource_no_cross_stream_reuse", [](int device) {
+         async_options o;
+         o.reuse = {.follow_event_dependencies = false, .allow_opportunistic = false,
+                    .allow_internal_dependencies = false};
+         o.release_threshold_bytes = 0;
+         return std::make_shared<async_resource>(device, o);
+       }},
+      {"managed_resource", [](int device) { return std::make_shared<managed_resource>(device); }},
+      {"managed_resource_host_attach", [](int device) {
+         return std::make_shared<managed_resource>(device, managed_attach::host);
+       }},
+      // Host memory: device -1; the suite reaches it from the device through its device pointer.
+      {"pinned_host_resource", [](int device) { return std::make_shared<pinned_host_resource>(pinned_options{}, device); }},
+      {"pinned_host_resource_portable_write_combined", [](int device) {
+         return std::make_shared<pinned_host_resource>(
+             pinned_options{.portable = true, .device_mapped = true, .write_combined = true}, device);
        }},
   };
   return list;

@@ -1,6 +1,7 @@
 // Device-side touching of memory for tests (support/touch.hpp).
 #include "support/touch.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -46,6 +47,19 @@ void enqueue_host(stream_view s, std::function<void()> fn) {
 // The device of a stream, current for launches and copies.
 int stream_device(stream_view s) { return s.device(); }
 
+// The address device work uses for `ptr` (a context must be current): the same
+// value for device memory and, with unified addressing, for pinned host memory,
+// except write-combined pinned memory, whose device pointer differs. Memory the
+// driver does not know (pageable host memory) is used as it is.
+void* device_address(const void* ptr) {
+  CUdeviceptr d = 0;
+  if (detail::driver().cuPointerGetAttribute(&d, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                             reinterpret_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(d));
+  }
+  return const_cast<void*>(ptr);
+}
+
 }  // namespace
 
 const char* touch_method() {
@@ -64,13 +78,13 @@ void device_fill(void* ptr, std::size_t bytes, std::uint8_t value, stream_view s
 #ifdef GPUMEM_TEST_HAVE_KERNELS
     case method::kernels: {
       detail::device_context_guard g(stream_device(s));
-      kernels::fill(ptr, bytes, value, s.handle());
+      kernels::fill(device_address(ptr), bytes, value, s.handle());
       return;
     }
 #endif
     default: {
       detail::device_context_guard g(stream_device(s));
-      GPUMEM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(ptr), value, bytes, s.handle());
+      GPUMEM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(device_address(ptr)), value, bytes, s.handle());
     }
   }
 }
@@ -117,6 +131,7 @@ held_check::held_check(void* ptr, std::size_t bytes, std::uint8_t value,
     case method::kernels: {
       st.device = stream_device(s);
       detail::device_context_guard g(st.device);
+      ptr = device_address(ptr);
       GPUMEM_CU(cuMemAlloc, &st.device_counter, sizeof(unsigned long long));
       st.counting_on_device = true;
       GPUMEM_CU(cuMemsetD8Async, st.device_counter, 0, sizeof(unsigned long long), s.handle());
@@ -133,6 +148,7 @@ held_check::held_check(void* ptr, std::size_t bytes, std::uint8_t value,
     default: {
       st.device = stream_device(s);
       detail::device_context_guard g(st.device);
+      ptr = device_address(ptr);
       if (fill_first) {
         GPUMEM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(ptr), value, bytes, s.handle());
         enqueue_host(s, [=] { std::this_thread::sleep_for(hold); });
