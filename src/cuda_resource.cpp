@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include "driver/driver.hpp"
+#include "text.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 
@@ -18,12 +18,6 @@ namespace {
 
 // cuMemAlloc's documented alignment; larger alignments are made by over-allocating.
 constexpr std::size_t driver_alignment = 256;
-
-std::string hex(const void* p) {
-  std::ostringstream s;
-  s << p;
-  return s.str();
-}
 
 }  // namespace
 
@@ -134,11 +128,11 @@ void cuda_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
     std::lock_guard lock(s.mutex);
     auto it = s.live.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == s.live.end()) {
-      throw logic_error("gpumem::cuda_resource::deallocate: pointer " + hex(ptr) +
+      throw logic_error("gpumem::cuda_resource::deallocate: pointer " + detail::pointer_text(ptr) +
                         " was not allocated by this resource, or was already freed");
     }
     if (it->second.bytes != bytes) {
-      throw logic_error("gpumem::cuda_resource::deallocate: pointer " + hex(ptr) + " has " +
+      throw logic_error("gpumem::cuda_resource::deallocate: pointer " + detail::pointer_text(ptr) + " has " +
                         std::to_string(it->second.bytes) + " bytes, not " + std::to_string(bytes));
     }
     base = it->second.base;

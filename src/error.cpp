@@ -1,48 +1,34 @@
 // The error family (include/gpumem/error.hpp) and the driver-error thrower.
 #include "gpumem/error.hpp"
 
-#include <sstream>
 
 #include "driver/cuda_loader.hpp"
 #include "driver/driver.hpp"
+#include "text.hpp"
 
 namespace gpumem {
 namespace {
 
 std::string describe(CUresult result, const std::string& api, const std::string& where) {
-  std::ostringstream s;
-  s << api << " failed: " << detail::error_name(result) << " (" << static_cast<int>(result)
-    << "): " << detail::error_string(result);
-  if (!where.empty()) s << " at " << where;
-  return s.str();
-}
-
-std::string human_bytes(std::size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 6) {
-    v /= 1024.0;
-    ++u;
-  }
-  std::ostringstream s;
-  s.precision(u == 0 ? 0 : 2);
-  s << std::fixed << v << ' ' << units[u];
-  return s.str();
+  std::string out = api + " failed: " + std::string(detail::error_name(result)) + " (" +
+                    std::to_string(static_cast<int>(result)) + "): " +
+                    std::string(detail::error_string(result));
+  if (!where.empty()) out += " at " + where;
+  return out;
 }
 
 std::string describe(const out_of_memory_info& i) {
-  std::ostringstream s;
-  s << "gpumem: out of memory: " << (i.resource.empty() ? "a resource" : i.resource)
-    << " could not allocate " << i.requested_bytes << " bytes (" << human_bytes(i.requested_bytes)
-    << ") on " << (i.device < 0 ? std::string("the host") : "device " + std::to_string(i.device))
-    << "; the resource holds " << human_bytes(i.resource_held_bytes);
+  using detail::human_bytes;
+  std::string out = "gpumem: out of memory: " + (i.resource.empty() ? std::string("a resource") : i.resource) +
+                    " could not allocate " + std::to_string(i.requested_bytes) + " bytes (" +
+                    human_bytes(i.requested_bytes) + ") on " +
+                    (i.device < 0 ? std::string("the host") : "device " + std::to_string(i.device)) +
+                    "; the resource holds " + human_bytes(i.resource_held_bytes);
   if (i.device >= 0 && i.device_total_bytes > 0) {
-    s << "; the device has " << human_bytes(i.device_free_bytes) << " free of "
-      << human_bytes(i.device_total_bytes);
+    out += "; the device has " + human_bytes(i.device_free_bytes) + " free of " + human_bytes(i.device_total_bytes);
   }
-  if (!i.reason.empty()) s << "; " << i.reason;
-  return s.str();
+  if (!i.reason.empty()) out += "; " + i.reason;
+  return out;
 }
 
 }  // namespace

@@ -6,12 +6,13 @@
 // the driver refused).
 #pragma once
 
+#include "text.hpp"
+
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -84,11 +85,7 @@ class live_allocations {
     return out;
   }
 
-  static std::string hex(const void* p) {
-    std::ostringstream s;
-    s << p;
-    return s.str();
-  }
+  static std::string hex(const void* p) { return pointer_text(p); }
 
  private:
   static constexpr std::size_t shard_count = 16;

@@ -25,7 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "adaptors/format.hpp"
+#include "text.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/event.hpp"

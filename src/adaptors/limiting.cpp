@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "adaptors/format.hpp"
+#include "text.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "adaptors/exit_hooks.hpp"
-#include "adaptors/format.hpp"
+#include "text.hpp"
 #include "adaptors/per_thread.hpp"
 #include "gpumem/error.hpp"
 

@@ -7,12 +7,11 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include "adaptors/call_site.hpp"
 #include "adaptors/exit_hooks.hpp"
-#include "adaptors/format.hpp"
+#include "text.hpp"
 #include "adaptors/log_format.hpp"
 #include "adaptors/per_thread.hpp"
 #include "gpumem/error.hpp"
@@ -65,24 +64,25 @@ struct tracking_adaptor::state final : detail::exit_hook {
     std::size_t bytes = 0;
     for (const auto& [p, r] : all) bytes += r.bytes;
     const std::uint64_t now = detail::steady_ns();
-    std::ostringstream s;
-    s << "gpumem tracking_adaptor (device " << device << "): " << all.size()
-      << " allocation(s), " << bytes << " bytes (" << detail::human_bytes(bytes) << "), still live"
-      << when << ":\n";
+    // String building, not iostreams: see src/text.hpp.
+    using std::to_string;
+    std::string s = "gpumem tracking_adaptor (device " + to_string(device) + "): " + to_string(all.size()) +
+                    " allocation(s), " + to_string(bytes) + " bytes (" + detail::human_bytes(bytes) +
+                    "), still live" + when + ":\n";
     std::size_t listed = 0;
     for (const auto& [p, r] : all) {
       if (listed++ == opt.report_limit) break;
-      s << "  " << detail::hex_pointer(reinterpret_cast<std::uintptr_t>(p)) << ": " << r.bytes
-        << " bytes, stream " << detail::hex_pointer(reinterpret_cast<std::uintptr_t>(r.stream))
-        << ", thread " << r.thread << ", allocated "
-        << detail::human_duration_ns(now - start_ns - std::min(now - start_ns, r.time_ns))
-        << " ago (allocation #" << r.seq << ")\n";
+      s += "  " + detail::hex_pointer(reinterpret_cast<std::uintptr_t>(p)) + ": " + to_string(r.bytes) +
+           " bytes, stream " + detail::hex_pointer(reinterpret_cast<std::uintptr_t>(r.stream)) + ", thread " +
+           to_string(r.thread) + ", allocated " +
+           detail::human_duration_ns(now - start_ns - std::min(now - start_ns, r.time_ns)) +
+           " ago (allocation #" + to_string(r.seq) + ")\n";
       for (std::size_t i = 0; i < r.frames.size(); ++i) {
-        s << "      #" << i << " " << detail::describe_frame(r.frames[i]) << "\n";
+        s += "      #" + to_string(i) + " " + detail::describe_frame(r.frames[i]) + "\n";
       }
     }
-    if (all.size() > opt.report_limit) s << "  ... and " << all.size() - opt.report_limit << " more\n";
-    return s.str();
+    if (all.size() > opt.report_limit) s += "  ... and " + to_string(all.size() - opt.report_limit) + " more\n";
+    return s;
   }
 
   void at_exit() noexcept override {

@@ -4,13 +4,13 @@
 // arena.hpp's note on fencing says why each step is safe.
 #include <algorithm>
 #include <bit>
-#include <sstream>
 #include <tuple>
 
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "pool/pool_impl.hpp"
+#include "text.hpp"
 
 namespace gpumem {
 
@@ -71,10 +71,8 @@ void pool_resource::impl::deallocate_foreign(arena& caller, void* ptr, std::size
     }
   }
   auto not_ours = [&] {
-    std::ostringstream s;
-    s << "gpumem::pool_resource::deallocate: pointer " << ptr
-      << " was not allocated by this pool, or was already freed";
-    return logic_error(s.str());
+    return logic_error("gpumem::pool_resource::deallocate: pointer " + detail::pointer_text(ptr) +
+                       " was not allocated by this pool, or was already freed");
   };
   if (owner == nullptr || owner == &caller) throw not_ours();  // caller's own live map missed it
   {
@@ -367,18 +365,18 @@ pool_statistics pool_resource::impl::collect() {
 void pool_resource::impl::throw_out_of_memory(std::size_t requested) {
   const pool_statistics s = collect();
   const memory_info m = device_memory_info(device);
-  std::ostringstream why;
-  why << "the pool holds " << s.reserved_bytes << " bytes from its upstream, " << s.free_bytes
-      << " of them free, the largest free block " << s.largest_free_block << " bytes";
-  if (opt.maximum_bytes != 0) why << ", maximum_bytes " << opt.maximum_bytes;
-  why << "; the upstream could not provide more";
+  std::string why = "the pool holds " + std::to_string(s.reserved_bytes) + " bytes from its upstream, " +
+                    std::to_string(s.free_bytes) + " of them free, the largest free block " +
+                    std::to_string(s.largest_free_block) + " bytes";
+  if (opt.maximum_bytes != 0) why += ", maximum_bytes " + std::to_string(opt.maximum_bytes);
+  why += "; the upstream could not provide more";
   if (s.free_bytes >= requested) {
-    why << ". Enough memory is free in the pool but scattered (fragmentation): "
+    why += ". Enough memory is free in the pool but scattered (fragmentation): "
            "a virtual-memory pool maps scattered free memory into one range";
   }
   throw out_of_memory({.requested_bytes = requested, .device = device, .resource = "pool_resource",
                        .resource_held_bytes = s.reserved_bytes, .device_free_bytes = m.free_bytes,
-                       .device_total_bytes = m.total_bytes, .reason = why.str()});
+                       .device_total_bytes = m.total_bytes, .reason = why});
 }
 
 }  // namespace gpumem

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 
 #include "driver/driver.hpp"
+#include "text.hpp"
 #include "gpumem/error.hpp"
 #include "pool/pool_impl.hpp"
 
@@ -31,12 +31,6 @@ std::uintptr_t key_of(CUstream s) noexcept {
   if (s == nullptr || s == CU_STREAM_LEGACY) return reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY);
   if (s == CU_STREAM_PER_THREAD) return reinterpret_cast<std::uintptr_t>(&per_thread_stream_tag) | 3U;
   return reinterpret_cast<std::uintptr_t>(s);
-}
-
-std::string hex(const void* p) {
-  std::ostringstream s;
-  s << p;
-  return s.str();
 }
 
 }  // namespace
@@ -290,7 +284,7 @@ void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
     std::lock_guard lock(a.lock);
     if (detail::block* b = a.live.find(address); b != nullptr && !b->cached) [[likely]] {
       if (b->requested_bytes != bytes) {
-        throw logic_error("gpumem::pool_resource::deallocate: pointer " + hex(ptr) + " has " +
+        throw logic_error("gpumem::pool_resource::deallocate: pointer " + detail::pointer_text(ptr) + " has " +
                           std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
       }
       a.used_bytes -= b->size;

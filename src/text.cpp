@@ -1,5 +1,5 @@
-// Text helpers for adaptor reports (format.hpp).
-#include "adaptors/format.hpp"
+// Text helpers for messages and reports (text.hpp).
+#include "text.hpp"
 
 #include <cstdio>
 
