@@ -22,10 +22,14 @@ enum class subject_kind { gpumem, peer, reference };
 
 // One row of every table. `make` builds a fresh resource on `device` for each
 // cell, so no row inherits another row's (or another column's) cached memory.
+// `available`, when set, says whether the row can run here at all (a peer
+// loaded from a plugin library that was not built, or that needs a GPU); a row
+// that cannot is left out of the run, and the header and the JSON say why.
 struct subject {
   std::string_view name;
   subject_kind kind;
   std::unique_ptr<memory_resource> (*make)(int device);
+  bool (*available)(std::string& why) = nullptr;
 };
 
 // Every row this build knows, in table order (subjects.cpp).
@@ -34,6 +38,8 @@ std::span<const subject> all_subjects();
 // Rows that a workload's notes compare by name (W2: pool_resource / malloc).
 inline constexpr std::string_view pool_subject_name = "gpumem pool_resource";
 inline constexpr std::string_view malloc_subject_name = "malloc (host reference)";
+// W6 grows a growable_buffer in this row (the virtual-memory row).
+inline constexpr std::string_view vmm_pool_subject_name = "gpumem vmm_pool_resource";
 
 // ---- options ----------------------------------------------------------------
 
@@ -41,9 +47,19 @@ struct options {
   int reps = 5;                        // timed repetitions per cell; the figure is their median
   bool quick = false;                  // CI smoke run: fewer ops, shorter repetitions
   double rep_seconds = 0.1;            // what a calibrated repetition aims to last
+  // Bounds a cell's time: the repetitions a cell runs after its warm-up are cut
+  // to what fits (at least one), and W3 skips a thread count whose estimate
+  // does not fit. 0: no bound.
+  double cell_budget_seconds = 0;
+  // Bounds the whole run: once it has lasted this long, the rows and workloads
+  // not yet measured are skipped (saying so), so that the tables, the JSON and
+  // the charts are still written. 0: no bound.
+  double time_limit_seconds = 0;
   std::string json_path;               // empty: no JSON
+  std::string plot_dir;                // empty: no charts
   std::vector<std::string> workloads;  // empty: all
   std::vector<std::string> subjects;   // empty: all
+  std::vector<std::string> traces;     // W5's logs: files, or folders of *.csv
 };
 
 struct context {
@@ -61,6 +77,20 @@ struct column {
   // Computed from other columns' medians (W3's scaling), not measured: no
   // repetitions of its own and no ratio to the best peer.
   bool derived = false;
+  // Columns of one group print as one table; a workload whose columns have
+  // several groups (W5: time, memory, out-of-memory, one column per trace each)
+  // prints one table per group, titled with it. Empty: the workload's one table.
+  std::string group = {};
+};
+
+// A curve a cell recorded beside its figure, for the charts (W5: reserved bytes
+// over a trace's events). x and y have the same length.
+struct series {
+  std::string name;
+  std::vector<double> x, y;
+  // How a chart draws it: a plain line; emphasised (gpumem's rows); or the
+  // reference the others are read against (a trace's live bytes), in black.
+  enum class style { plain, emphasis, reference } look = style::plain;
 };
 
 enum class cell_status {
@@ -78,6 +108,9 @@ struct cell {
   // A failure that is itself the result and was timed (W4's 25% allocation:
   // "OOM" and how long failing took): a short word for the table; reps hold the time.
   std::string outcome;
+  std::vector<series> curves;  // what --plot draws for this cell; none for most workloads
+  // Fewer repetitions than --reps, cut to fit --cell-budget-s; the table says so.
+  bool cut_by_budget = false;
 
   double median() const;
   double min() const;
@@ -87,6 +120,7 @@ struct cell {
 // ---- workloads --------------------------------------------------------------
 
 struct workload_result;
+struct chart;
 
 class workload {
  public:
@@ -104,6 +138,9 @@ class workload {
   // Lines the table prints under its footer and the JSON keeps (W2: pool_resource
   // against malloc); none by default.
   virtual std::vector<std::string> notes(const workload_result& result) const;
+  // The charts --plot writes for this workload (plot.hpp), none by default.
+  // `where` names the device and backend, for the titles.
+  virtual std::vector<chart> charts(const workload_result& result, const std::string& where) const;
 };
 
 // Every workload this build knows, in run order (workloads/registry.cpp).

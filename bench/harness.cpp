@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "gpumem/error.hpp"
+#include "plot.hpp"
 
 namespace gpumem::bench {
 namespace {
@@ -43,6 +44,16 @@ std::string workload::method(const options& opts) const {
 }
 
 std::vector<std::string> workload::notes(const workload_result&) const { return {}; }
+
+std::vector<chart> workload::charts(const workload_result&, const std::string&) const { return {}; }
+
+int reps_within_budget(const options& opts, double seconds_per_rep, cell& c) {
+  if (opts.cell_budget_seconds <= 0 || seconds_per_rep <= 0) return opts.reps;
+  const double fit = std::floor(opts.cell_budget_seconds / seconds_per_rep);
+  if (fit >= opts.reps) return opts.reps;
+  c.cut_by_budget = true;
+  return std::max(1, static_cast<int>(fit));
+}
 
 double cell::min() const {
   return reps.empty() ? 0.0 : *std::min_element(reps.begin(), reps.end());

@@ -43,6 +43,11 @@ std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t co
 // A cell for a subject the workload does not apply to, saying why.
 cell skipped_cell(std::string why);
 
+// How many of the cell's timed repetitions fit in --cell-budget-s when one
+// lasts `seconds_per_rep` (the warm-up's time): opts.reps without a budget,
+// else as many as fit, at least one. Sets c.cut_by_budget when it cuts.
+int reps_within_budget(const options& opts, double seconds_per_rep, cell& c);
+
 // Runs fn and, when it runs out of memory, returns the message instead of
 // throwing: gpumem's out_of_memory (any std::bad_alloc) or a driver call's
 // CUDA_ERROR_OUT_OF_MEMORY (as the raw peers throw it). Anything else

@@ -1,5 +1,5 @@
 // gpumem-bench: measures gpumem's resources and the peers (raw driver
-// allocators, later RMM, PyTorch, ...) on the standard workloads of
+// allocators; RMM and PyTorch's caching allocator from plugins) on the standard workloads of
 // BENCHMARKS.md, in one run, and prints each figure beside its ratio to the
 // best peer. docs/benchmarks-method.md says how it measures.
 //
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -25,7 +26,10 @@
 
 #include "bench.hpp"
 #include "gpumem/backend.hpp"
+#include "harness.hpp"
 #include "gpumem/device.hpp"
+#include "peers/plugin_peers.hpp"
+#include "plot.hpp"
 #include "report.hpp"
 
 #ifndef GPUMEM_BENCH_VERSION
@@ -61,7 +65,15 @@ void print_help(std::ostream& out) {
          "  --rep-ms MS        what a calibrated repetition aims to last (default 100; 10 with "
          "--quick)\n"
          "  --quick            smoke run for CI: fewer ops and repetitions\n"
+         "  --cell-budget-s S  bound each cell's time: fewer repetitions where one is long (at\n"
+         "                     least one), W3 thread counts estimated not to fit are skipped\n"
+         "  --time-limit-s S   stop measuring after S seconds: what is left is skipped, and the\n"
+         "                     tables, JSON and charts are written all the same\n"
+         "  --traces LIST      W5's allocation logs: comma-separated CSV files or folders of\n"
+         "                     them (default: the logs kept in the source tree, bench/traces)\n"
          "  --json FILE        also write every result, with all repetitions, to FILE\n"
+         "  --plot DIR         also write charts (SVG) into DIR: W3 throughput against threads,\n"
+         "                     W5 reserved and live bytes over each trace\n"
          "  --list             list the workloads and subjects and exit\n"
          "  --help             show this and exit\n"
          "\n"
@@ -151,6 +163,15 @@ options parse_arguments(int argc, char** argv, bool& help, bool& list) {
     } else if (arg == "--json") {
       opts.json_path = value();
       if (opts.json_path.empty()) throw usage_error{"--json needs a file name"};
+    } else if (arg == "--plot") {
+      opts.plot_dir = value();
+      if (opts.plot_dir.empty()) throw usage_error{"--plot needs a folder"};
+    } else if (arg == "--traces") {
+      opts.traces = split_list(arg, value());
+    } else if (arg == "--cell-budget-s") {
+      opts.cell_budget_seconds = parse_int(arg, value(), 1, 86400);
+    } else if (arg == "--time-limit-s") {
+      opts.time_limit_seconds = parse_int(arg, value(), 1, 86400);
     } else if (arg == "--workloads") {
       opts.workloads = split_list(arg, value());
     } else if (arg == "--subjects") {
@@ -185,6 +206,22 @@ std::vector<const workload*> select_workloads(const options& opts) {
       }
       throw usage_error{"--workloads: no workload '" + n + "' (known:" + known + ")"};
     }
+  }
+  return out;
+}
+
+// Drops the rows that cannot run here (a plugin peer that was not built, or that
+// needs a GPU), noting why in `info`.
+std::vector<const subject*> available_subjects(const std::vector<const subject*>& wanted,
+                                               run_info& info) {
+  std::vector<const subject*> out;
+  for (const subject* s : wanted) {
+    std::string why;
+    if (s->available != nullptr && !s->available(why)) {
+      info.not_measured.emplace_back(std::string(s->name), why);
+      continue;
+    }
+    out.push_back(s);
   }
   return out;
 }
@@ -289,6 +326,13 @@ int run(int argc, char** argv) {
       json.open(opts.json_path);
       if (!json) throw usage_error{"--json: cannot write '" + opts.json_path + "'"};
     }
+    if (!opts.plot_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(opts.plot_dir, ec);
+      if (ec || !std::filesystem::is_directory(opts.plot_dir)) {
+        throw usage_error{"--plot: cannot make the folder '" + opts.plot_dir + "'"};
+      }
+    }
   } catch (const usage_error& e) {
     std::cerr << "gpumem-bench: " << e.message << "\nTry 'gpumem-bench --help'.\n";
     return exit_usage;
@@ -301,12 +345,20 @@ int run(int argc, char** argv) {
     std::cerr << "gpumem-bench: cannot use the device: " << e.what() << "\n";
     return exit_failure;
   }
+  info.peer_libraries = peers::loaded_peer_libraries();
+  subjects = available_subjects(subjects, info);
   print_header(std::cout, info);
   std::cout.flush();
 
   const context ctx{opts, info.device};
   std::vector<workload_result> results;
   bool errored = false;
+  const auto run_start = std::chrono::steady_clock::now();
+  auto out_of_time = [&] {
+    return opts.time_limit_seconds > 0 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count() >
+               opts.time_limit_seconds;
+  };
   for (const workload* w : workloads) {
     workload_result res;
     res.w = w;
@@ -319,6 +371,13 @@ int run(int argc, char** argv) {
         return c;
       };
       std::vector<cell> cells;
+      if (out_of_time()) {
+        cells.assign(res.columns.size(),
+                     skipped_cell("not run: the run reached --time-limit-s " +
+                                  std::to_string(static_cast<long long>(opts.time_limit_seconds))));
+        res.rows.push_back({s, std::move(cells)});
+        continue;
+      }
       try {
         cells = w->measure(*s, ctx);
       } catch (const std::exception& e) {  // workloads catch what they expect; this is a bug
@@ -329,6 +388,18 @@ int run(int argc, char** argv) {
       res.rows.push_back({s, std::move(cells)});
     }
     print_table(std::cout, info, opts, res);
+    if (!opts.plot_dir.empty()) {
+      try {
+        const std::string where = info.device_name + " (" + info.backend + ")";
+        for (const auto& path : write_charts(opts.plot_dir, w->charts(res, where))) {
+          std::cout << "chart written to " << path.string() << "\n";
+        }
+      } catch (const std::exception& e) {
+        std::cerr << "gpumem-bench: --plot: " << e.what() << "\n";
+        errored = true;
+      }
+      std::cout << "\n";
+    }
     std::cout.flush();
     results.push_back(std::move(res));
   }

@@ -62,6 +62,7 @@ std::string row_name(const subject& s) {
 // A figure with its unit: "63.5 ns", "4.04 Mops/s", "0.833"; ratios ("x") as ratios.
 std::string figure_text(double v, const std::string& unit) {
   if (unit == "x") return format_ratio(v);
+  if (unit == "failed") return with_thousands(std::llround(v)) + " failed";  // a count (W5)
   return unit.empty() ? format_figure(v) : format_figure(v) + " " + unit;
 }
 
@@ -162,11 +163,35 @@ void print_header(std::ostream& out, const run_info& info) {
       << cuda_version_text(info.driver_version) << " (" << info.driver_version << ")"
       << (info.kernel_driver.empty() ? "" : ", NVIDIA driver " + info.kernel_driver)
       << "; built against cuda.h " << cuda_version_text(info.cuda_header_version) << "\n"
-      << "started " << info.started_utc << "; " << info.host_threads << " host threads\n\n";
+      << "started " << info.started_utc << "; " << info.host_threads << " host threads\n";
+  if (!info.peer_libraries.empty()) {
+    out << "peer libraries:";
+    for (std::size_t i = 0; i < info.peer_libraries.size(); ++i)
+      out << (i ? "; " : " ") << info.peer_libraries[i];
+    out << "\n";
+  }
+  // Rows left out, one line per reason.
+  std::vector<std::pair<std::string, std::string>> by_reason;  // reason, rows
+  for (const auto& [row, why] : info.not_measured) {
+    auto it = std::find_if(by_reason.begin(), by_reason.end(),
+                           [&](const auto& r) { return r.first == why; });
+    if (it == by_reason.end()) {
+      by_reason.emplace_back(why, row);
+    } else {
+      it->second += ", " + row;
+    }
+  }
+  for (const auto& [why, rows] : by_reason) out << "not measured: " << rows << " (" << why << ")\n";
+  out << "\n";
 }
 
-void print_table(std::ostream& out, const run_info& info, const options& opts,
-                 const workload_result& result) {
+namespace {
+
+// One table: `result` holds the columns of one group (all of them for most
+// workloads); `title` follows the workload's id and name; the workload's notes
+// are printed when `with_notes`.
+void print_one_table(std::ostream& out, const run_info& info, const options& opts,
+                     const workload_result& result, const std::string& title, bool with_notes) {
   const workload& w = *result.w;
   std::vector<std::string> footnotes;
 
@@ -231,7 +256,8 @@ void print_table(std::ostream& out, const run_info& info, const options& opts,
     widths.push_back(width);
   }
 
-  out << w.id() << " " << w.name() << " on " << info.device_name << " (" << info.backend << ")\n";
+  out << w.id() << " " << w.name() << (title.empty() ? "" : ": " + title) << " on "
+      << info.device_name << " (" << info.backend << ")\n";
   out << pad("subject", name_width, false);
   for (std::size_t col = 0; col < widths.size(); ++col) {
     out << " | " << pad(result.columns[col].label, widths[col], true);
@@ -267,11 +293,58 @@ void print_table(std::ostream& out, const run_info& info, const options& opts,
         << higher << " (higher is better there); below 1 is better than the best peer in "
         << "all columns\n";
   }
-  for (const std::string& note : w.notes(result)) out << note << "\n";
+  // Cells whose repetitions were cut to fit --cell-budget-s.
+  std::string cut;
+  for (const auto& row : result.rows) {
+    for (std::size_t col = 0; col < result.columns.size(); ++col) {
+      const cell& c = row.cells[col];
+      if (!c.cut_by_budget) continue;
+      cut += (cut.empty() ? "" : ", ") + std::string(row.s->name) + " " + result.columns[col].label +
+             " (" + std::to_string(c.reps.size()) + ")";
+    }
+  }
+  if (!cut.empty()) {
+    out << "fewer repetitions, to fit --cell-budget-s " << std::llround(opts.cell_budget_seconds)
+        << ": " << cut << "\n";
+  }
+  if (with_notes) {
+    for (const std::string& note : w.notes(result)) out << note << "\n";
+  }
   for (std::size_t i = 0; i < footnotes.size(); ++i) {
     out << "[" << i + 1 << "] " << footnotes[i] << "\n";
   }
   out << "\n";
+}
+
+}  // namespace
+
+void print_table(std::ostream& out, const run_info& info, const options& opts,
+                 const workload_result& result) {
+  std::vector<std::string> groups;
+  for (const column& c : result.columns) {
+    if (std::find(groups.begin(), groups.end(), c.group) == groups.end()) groups.push_back(c.group);
+  }
+  if (groups.size() <= 1) {
+    print_one_table(out, info, opts, result, groups.empty() ? "" : groups.front(), true);
+    return;
+  }
+  // One table per group, the workload's notes under the last.
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    workload_result part;
+    part.w = result.w;
+    std::vector<std::size_t> cols;
+    for (std::size_t col = 0; col < result.columns.size(); ++col) {
+      if (result.columns[col].group != groups[g]) continue;
+      cols.push_back(col);
+      part.columns.push_back(result.columns[col]);
+    }
+    for (const auto& row : result.rows) {
+      workload_result::row r{row.s, {}};
+      for (std::size_t col : cols) r.cells.push_back(row.cells[col]);
+      part.rows.push_back(std::move(r));
+    }
+    print_one_table(out, info, opts, part, groups[g], g + 1 == groups.size());
+  }
 }
 
 void write_json(std::ostream& out, const run_info& info, const options& opts,
@@ -292,8 +365,17 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
       << "  \"host_threads\": " << info.host_threads << ",\n"
       << "  \"options\": {\"reps\": " << opts.reps
       << ", \"quick\": " << (opts.quick ? "true" : "false")
-      << ", \"rep_seconds\": " << json_number(opts.rep_seconds) << "},\n"
-      << "  \"workloads\": [";
+      << ", \"rep_seconds\": " << json_number(opts.rep_seconds)
+      << ", \"cell_budget_seconds\": " << json_number(opts.cell_budget_seconds) << "},\n"
+      << "  \"peer_libraries\": [";
+  for (std::size_t i = 0; i < info.peer_libraries.size(); ++i)
+    out << (i ? ", " : "") << json_string(info.peer_libraries[i]);
+  out << "],\n  \"not_measured\": [";
+  for (std::size_t i = 0; i < info.not_measured.size(); ++i) {
+    out << (i ? ", " : "") << "{\"subject\": " << json_string(info.not_measured[i].first)
+        << ", \"why\": " << json_string(info.not_measured[i].second) << "}";
+  }
+  out << "],\n  \"workloads\": [";
   for (std::size_t wi = 0; wi < results.size(); ++wi) {
     const workload_result& res = results[wi];
     out << (wi ? "," : "") << "\n    {\"id\": " << json_string(res.w->id())
@@ -310,6 +392,7 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
           << ", \"unit\": " << json_string(c.unit)
           << ", \"lower_is_better\": " << (c.lower_is_better ? "true" : "false")
           << ", \"derived\": " << (c.derived ? "true" : "false")
+          << ", \"group\": " << json_string(c.group)
           << ", \"best_peer\": " << (best ? json_string(res.rows[*best].s->name) : "null") << "}";
     }
     out << "],\n     \"subjects\": [";
@@ -337,7 +420,21 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
             << ", \"reps\": [";
         for (std::size_t i = 0; i < c.reps.size(); ++i)
           out << (i ? ", " : "") << json_number(c.reps[i]);
-        out << "]}";
+        out << "]";
+        if (c.cut_by_budget) out << ", \"cut_by_budget\": true";
+        if (!c.curves.empty()) {
+          out << ", \"curves\": [";
+          for (std::size_t k = 0; k < c.curves.size(); ++k) {
+            const series& cv = c.curves[k];
+            out << (k ? ", " : "") << "{\"name\": " << json_string(cv.name) << ", \"x\": [";
+            for (std::size_t i = 0; i < cv.x.size(); ++i) out << (i ? "," : "") << json_number(cv.x[i]);
+            out << "], \"y\": [";
+            for (std::size_t i = 0; i < cv.y.size(); ++i) out << (i ? "," : "") << json_number(cv.y[i]);
+            out << "]}";
+          }
+          out << "]";
+        }
+        out << "}";
       }
       out << "]}";
     }

@@ -6,6 +6,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench.hpp"
@@ -24,6 +25,10 @@ struct run_info {
   int cuda_header_version = 0;  // CUDA_VERSION of the cuda.h gpumem was built with
   std::string started_utc;      // ISO 8601
   unsigned host_threads = 0;
+  // Peer libraries loaded from plugins, with their versions ("RMM 26.10.0").
+  std::vector<std::string> peer_libraries;
+  // Rows left out of this run, and why (a plugin not built, no GPU).
+  std::vector<std::pair<std::string, std::string>> not_measured;
 };
 
 void print_header(std::ostream& out, const run_info& info);

@@ -11,6 +11,7 @@
 #include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "peers/peers.hpp"
+#include "peers/plugin_peers.hpp"
 
 namespace gpumem::bench {
 namespace {
@@ -39,6 +40,14 @@ constexpr subject subjects[] = {
     {"gpumem pinned_host_resource", subject_kind::gpumem, &pinned_host},
     {"cuMemAlloc", subject_kind::peer, &peers::make_raw_cumemalloc},
     {"cuMemAllocAsync", subject_kind::peer, &peers::make_raw_cumemallocasync},
+    // Peers from plugins (peers/plugin_peers.hpp): present where their plugin was built.
+    peers::plugin_subject<plugin::rmm_library, plugin::rmm_pool>(),
+    peers::plugin_subject<plugin::rmm_library, plugin::rmm_arena>(),
+    peers::plugin_subject<plugin::rmm_library, plugin::rmm_arena_free>(),
+    peers::plugin_subject<plugin::rmm_library, plugin::rmm_binning>(),
+    peers::plugin_subject<plugin::rmm_library, plugin::rmm_cuda_async>(),
+    peers::plugin_subject<plugin::torch_library, plugin::torch_caching>(),
+    peers::plugin_subject<plugin::torch_library, plugin::torch_expandable>(),
     {malloc_subject_name, subject_kind::reference, &peers::make_malloc_reference},
 };
 

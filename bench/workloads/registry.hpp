@@ -11,5 +11,6 @@ const workload& w1_pair();
 const workload& w2_random();
 const workload& w3_threads();
 const workload& w4_fragmentation();
+const workload& w5_replay();
 
 }  // namespace gpumem::bench

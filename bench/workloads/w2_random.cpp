@@ -4,6 +4,7 @@
 // freeing everything and synchronizing the stream, all inside the timed region.
 // It measures an allocator under churn: splitting, coalescing, size classes.
 // The sequence and its replay live in random_ops.hpp, which W3 shares.
+#include <chrono>
 #include <cstdint>
 
 #include "harness.hpp"
@@ -48,8 +49,10 @@ class random_workload final : public workload {
         auto body = [&](std::uint64_t) { replay_random_ops(mr, st, ops, live); };
         cell c;
         c.iterations = ops.size();
+        const auto t0 = std::chrono::steady_clock::now();
         body(c.iterations);  // warm-up repetition
-        c.reps = repeat_ns_per_iteration(body, c.iterations, ctx.opts.reps);
+        const double warm_up = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        c.reps = repeat_ns_per_iteration(body, c.iterations, reps_within_budget(ctx.opts, warm_up, c));
         return c;
       }));
     }

@@ -16,6 +16,8 @@
 
 #include "gpumem/device.hpp"
 #include "harness.hpp"
+#include "plot.hpp"
+#include "report.hpp"
 #include "workloads/random_ops.hpp"
 #include "workloads/registry.hpp"
 
@@ -150,6 +152,19 @@ class threads_workload final : public workload {
   std::vector<cell> measure(const subject& s, const context& ctx) const override {
     std::vector<cell> out;
     for (std::size_t threads : thread_counts) {
+      // With a cell budget, a thread count whose warm-up and one repetition would
+      // not fit, judged by the last count's throughput, is not run at all.
+      if (ctx.opts.cell_budget_seconds > 0 && !out.empty() &&
+          out.back().status == cell_status::ok && out.back().median() > 0) {
+        const double ops = static_cast<double>(threads * ops_per_thread(ctx.opts));
+        const double estimate = ops / (out.back().median() * 1e6);
+        if (2 * estimate > ctx.opts.cell_budget_seconds) {
+          out.push_back(skipped_cell("about " + format_figure(estimate) +
+                                     " s a repetition, judged by the fewer threads' figure: over "
+                                     "--cell-budget-s with its warm-up"));
+          continue;
+        }
+      }
       std::vector<std::vector<random_op>> ops;
       for (std::size_t i = 0; i < threads; ++i) {
         ops.push_back(make_random_ops(ops_per_thread(ctx.opts), max_bytes, first_seed + i));
@@ -179,13 +194,36 @@ class threads_workload final : public workload {
         cell c;
         c.iterations = threads * ops_per_thread(ctx.opts);
         const double mops = static_cast<double>(c.iterations) / 1e6;
-        (void)t.run();  // warm-up repetition
-        for (int r = 0; r < ctx.opts.reps; ++r) c.reps.push_back(mops / t.run());
+        const double warm_up = t.run();  // warm-up repetition
+        const int reps = reps_within_budget(ctx.opts, warm_up, c);
+        for (int r = 0; r < reps; ++r) c.reps.push_back(mops / t.run());
         return c;
       }));
     }
     out.push_back(scaling(out.front(), out.back()));
     return out;
+  }
+
+  // Throughput against threads, one line per row.
+  std::vector<chart> charts(const workload_result& result, const std::string& where) const override {
+    chart c;
+    c.file = "W3-threads.svg";
+    c.title = "W3 threads: allocation throughput against threads";
+    c.subtitle = where + "; W2 max 4 MiB on each thread, own stream each; median of the repetitions";
+    c.x_label = "threads (one non-blocking stream each)";
+    c.y_label = "millions of ops per second, all threads together (higher is better)";
+    c.x_scale = axis_scale::log2;
+    c.y_scale = axis_scale::log10;  // peers span three decades on a GPU
+    std::vector<std::size_t> cols;
+    std::vector<double> xs;
+    for (std::size_t i = 0; i < std::size(thread_counts); ++i) {
+      cols.push_back(i);
+      xs.push_back(static_cast<double>(thread_counts[i]));
+      c.x_ticks.emplace_back(xs.back(), std::to_string(thread_counts[i]));
+    }
+    c.lines = lines_over_columns(result, cols, xs);
+    c.notes = notes(result);
+    return {c};
   }
 
   std::vector<std::string> notes(const workload_result&) const override {

@@ -82,7 +82,8 @@ struct step {
 
 }  // namespace
 
-replay_result replay_events(const std::vector<logged_event>& events, const replay_options& options) {
+replay_result replay_events_on(const std::vector<logged_event>& events, memory_resource& mr,
+                               const replay_options& options, const replay_observer& observer) {
   replay_result result;
   result.events_in_log = events.size();
 
@@ -131,14 +132,7 @@ replay_result replay_events(const std::vector<logged_event>& events, const repla
     }
   }
 
-  // ---- the stack, with what it takes from the driver counted ----
-  peak_counter reserved, live;
-  config_hooks hooks;
-  hooks.wrap_device_memory = [&](std::shared_ptr<memory_resource> r) {
-    return std::shared_ptr<memory_resource>(std::make_shared<counting_adaptor>(std::move(r), reserved));
-  };
-  std::shared_ptr<memory_resource> stack = make_resource_from_config(options.resource, options.device, hooks);
-  memory_resource& mr = *stack;
+  peak_counter live;
 
   // ---- streams and threads as logged ----
   std::map<std::uint64_t, std::unique_ptr<stream>> streams;
@@ -219,6 +213,7 @@ replay_result replay_events(const std::vector<logged_event>& events, const repla
           ++skipped;  // its allocation failed here
         }
       }
+      if (observer) observer(s.index, live.current.load(std::memory_order_relaxed));
       if (options.order == replay_order::seq) {
         turn.store(s.index + 1, std::memory_order_release);
         // Wake waiters only when the next event is another thread's.
@@ -264,7 +259,19 @@ replay_result replay_events(const std::vector<logged_event>& events, const repla
   result.failures = failures;
   result.skipped += skipped;
   result.peak_live_bytes = live.peak.load();
-  stack.reset();
+  return result;
+}
+
+replay_result replay_events(const std::vector<logged_event>& events, const replay_options& options) {
+  // The stack, with what it takes from the driver counted.
+  peak_counter reserved;
+  config_hooks hooks;
+  hooks.wrap_device_memory = [&](std::shared_ptr<memory_resource> r) {
+    return std::shared_ptr<memory_resource>(std::make_shared<counting_adaptor>(std::move(r), reserved));
+  };
+  std::shared_ptr<memory_resource> stack = make_resource_from_config(options.resource, options.device, hooks);
+  replay_result result = replay_events_on(events, *stack, options);
+  stack.reset();  // a pool gives its chunks back: the peak is final
   result.peak_reserved_bytes = reserved.peak.load();
   return result;
 }

@@ -4,10 +4,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/event_log_reader.hpp"
+#include "gpumem/memory_resource.hpp"
 
 namespace gpumem::tools {
 
@@ -44,5 +46,19 @@ struct replay_result {
 // Replays `events` (in seq order, as read_event_log returns them). Throws
 // gpumem::logic_error for a bad resource string; allocation failures are results.
 replay_result replay_events(const std::vector<logged_event>& events, const replay_options& options);
+
+// Called after each replayed row, in the thread that replayed it: `index` is the
+// row's place among the rows replayed (0, 1, ...), `live_bytes` what is live after
+// it. In seq order the calls come one at a time, in the log's order.
+using replay_observer = std::function<void(std::size_t index, std::uint64_t live_bytes)>;
+
+// The same against a resource the caller made and keeps (options.resource is not
+// used): gpumem-bench replays logs against every row of its tables, peers
+// included. What the resource reserves is not counted here (peak_reserved_bytes
+// stays 0); the caller measures it its own way, for instance from the observer.
+// The resource is left as the replay found it: everything replayed is freed and
+// the replay's streams are synchronized before this returns.
+replay_result replay_events_on(const std::vector<logged_event>& events, memory_resource& mr,
+                               const replay_options& options, const replay_observer& observer = {});
 
 }  // namespace gpumem::tools

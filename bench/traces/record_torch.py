@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Records the allocation log of a small PyTorch training run on a GPU, for W5.
+
+PyTorch's CUDA allocator is switched to gpumem's (gpumem.torch, a
+CUDAPluggableAllocator) and gpumem's current resource logs every call
+(GPUMEM_CONF=pool,log=OUT): the log's app rows are exactly the allocations and
+frees PyTorch asked for, its upstream rows what gpumem's pool reserved.
+
+The model is GPT-like: token embedding, 6 pre-norm transformer layers of width 768
+(12 heads, feed-forward 3072), a tied output head; AdamW; bf16 autocast; the sequence
+length changes from step to step (dynamic padding), which is what makes a caching
+allocator's reuse hard. Six steps make a log of a few thousand calls.
+
+Without gpumem's Python package (or with --via torch-history) the log is made from
+PyTorch's own allocator history instead (torch.cuda.memory._record_memory_history):
+the same program's requests, as the sizes PyTorch's caching allocator rounded them
+to (multiples of 512 bytes), written in gpumem's log format.
+
+    python3 bench/traces/record_torch.py OUT.csv [--steps 6] [--via gpumem|torch-history]
+"""
+
+import argparse
+import os
+import sys
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the CSV log to write")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--via", choices=["auto", "gpumem", "torch-history"], default="auto")
+    return ap.parse_args()
+
+
+def gpumem_importable():
+    import importlib.util
+
+    return importlib.util.find_spec("gpumem") is not None
+
+
+def train(steps):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    device = "cuda"
+    vocab, d, layers, heads, batch = 32000, 768, 6, 12, 8
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.pos = nn.Embedding(1024, d)
+            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(d)
+
+        def forward(self, ids):
+            seq = ids.shape[1]
+            x = self.embed(ids) + self.pos(torch.arange(seq, device=ids.device))
+            mask = nn.Transformer.generate_square_subsequent_mask(seq, device=ids.device)
+            x = self.blocks(x, mask=mask, is_causal=True)
+            return self.norm(x) @ self.embed.weight.t()
+
+    model = Model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = [256, 512, 384, 512, 448, 320, 512, 256]
+    for step in range(steps):
+        seq = lengths[step % len(lengths)]
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+        labels = torch.randint(0, vocab, (batch, seq), device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids)
+            loss = nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del ids, labels, logits, loss
+    torch.cuda.synchronize()
+    del model, optimizer
+    torch.cuda.synchronize()
+
+
+def via_gpumem(out, steps):
+    # GPUMEM_CONF is read when gpumem makes the device's first resource: before that.
+    os.environ["GPUMEM_CONF"] = "pool,log=" + os.path.abspath(out)
+    import gpumem
+
+    gpumem.select_backend("cuda")
+    import gpumem.torch
+
+    gpumem.torch.use_gpumem_for_torch()
+    train(steps)
+    import gc
+
+    gc.collect()
+    # The log is flushed when the process exits (gpumem's exit hook).
+
+
+def via_torch_history(out, steps):
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    train(steps)
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    rows = []
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            action = e.get("action")
+            if action == "alloc":
+                op = "allocate"
+            elif action == "free_requested":
+                op = "deallocate"
+            else:
+                continue  # segment events, free_completed, snapshots, oom
+            rows.append((int(e.get("time_us", 0)) * 1000, op, int(e["addr"]), int(e["size"]), int(e.get("stream", 0))))
+    rows.sort(key=lambda r: r[0])
+    t0 = rows[0][0] if rows else 0
+    with open(out, "w", newline="\n") as f:
+        f.write("seq,time_ns,thread,device,stream,source,op,ptr,bytes,alignment,outcome,site\n")
+        for seq, (t, op, ptr, size, stream) in enumerate(rows, 1):
+            f.write("%d,%d,1,0,0x%x,app,%s,0x%x,%d,512,ok,torch.%s\n" % (seq, t - t0, stream, op, ptr, size, op))
+
+
+def main():
+    args = parse()
+    via = args.via
+    if via == "auto":
+        via = "gpumem" if gpumem_importable() else "torch-history"
+    if via == "gpumem":
+        via_gpumem(args.out, args.steps)
+    else:
+        via_torch_history(args.out, args.steps)
+    print("record_torch: %d steps recorded through %s into %s" % (args.steps, via, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
