@@ -19,6 +19,17 @@ std::string range_text(const void* p, std::size_t bytes) {
   return "[" + detail::live_allocations::hex(p) + ", +" + std::to_string(bytes) + " bytes)";
 }
 
+// Whether the range's first or last byte lies in a cuMemHostAlloc allocation
+// (cuMemHostGetFlags answers only for those): the driver refuses to register
+// such memory with CUDA_ERROR_INVALID_VALUE, not HOST_MEMORY_ALREADY_REGISTERED.
+// Called after a refusal only, with the device's context current.
+bool starts_or_ends_in_pinned_allocation(void* ptr, std::size_t bytes) {
+  unsigned int flags = 0;
+  auto* last = static_cast<unsigned char*>(ptr) + (bytes - 1);
+  return detail::driver().cuMemHostGetFlags(&flags, ptr) == CUDA_SUCCESS ||
+         detail::driver().cuMemHostGetFlags(&flags, last) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 host_registration::host_registration(void* ptr, std::size_t bytes, registration_options options, int device) {
@@ -35,6 +46,11 @@ host_registration::host_registration(void* ptr, std::size_t bytes, registration_
     throw logic_error("gpumem::host_registration: " + range_text(ptr, bytes) +
                       " overlaps memory that is already registered or pinned "
                       "(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)");
+  }
+  if (r == CUDA_ERROR_INVALID_VALUE && starts_or_ends_in_pinned_allocation(ptr, bytes)) {
+    throw logic_error("gpumem::host_registration: " + range_text(ptr, bytes) +
+                      " overlaps memory that is already page-locked by cuMemHostAlloc "
+                      "(the driver answers CUDA_ERROR_INVALID_VALUE)");
   }
   detail::check(r, "cuMemHostRegister", __FILE__, __LINE__);
   ptr_ = ptr;

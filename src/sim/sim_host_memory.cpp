@@ -95,13 +95,23 @@ CUresult host_memory::register_range(void* p, std::size_t bytes, unsigned flags,
   const auto base = reinterpret_cast<std::uintptr_t>(p);
   if (base > std::numeric_limits<std::uintptr_t>::max() - bytes) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
-  // Overlap with a range already known, registered or allocated (allocations are pinned already).
+  // Overlap with a range already known. The driver answers
+  // HOST_MEMORY_ALREADY_REGISTERED for a registered range, but INVALID_VALUE
+  // for cuMemHostAlloc memory (pinned already), as seen on an H200 (driver 580).
+  CUresult overlap = CUDA_SUCCESS;
+  auto note = [&](const host_range& known) {
+    if (known.kind == host_range_kind::allocated) {
+      overlap = CUDA_ERROR_INVALID_VALUE;
+    } else if (overlap == CUDA_SUCCESS) {
+      overlap = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+  };
   auto next = ranges_.lower_bound(base);
-  if (next != ranges_.end() && next->first < base + bytes) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  if (next != ranges_.begin()) {
-    const host_range& previous = std::prev(next)->second;
-    if (previous.base + previous.size > base) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (next != ranges_.begin() && std::prev(next)->second.base + std::prev(next)->second.size > base) {
+    note(std::prev(next)->second);
   }
+  for (auto it = next; it != ranges_.end() && it->first < base + bytes; ++it) note(it->second);
+  if (overlap != CUDA_SUCCESS) return overlap;
   if (!mapped(base, bytes)) return CUDA_ERROR_INVALID_VALUE;
   host_range range;
   range.base = base;

@@ -47,7 +47,12 @@ sim_pool::sim_pool(device_address_space& memory, int device_count, bool is_defau
     : memory_(memory),
       is_default_(is_default),
       handle_types_(handle_types),
-      max_bytes_(max_bytes == 0 ? memory.capacity() : max_bytes),
+      // The driver lets a pool reserve up to its maximum rounded up to its step
+      // (observed on an H200: maxSize 2 MiB holds two 2 MiB allocations).
+      max_bytes_(max_bytes == 0 ? memory.capacity()
+                                : max_bytes > std::numeric_limits<std::size_t>::max() - segment_step
+                                    ? max_bytes
+                                    : round_up(max_bytes, segment_step)),
       access_(static_cast<std::size_t>(device_count), CU_MEM_ACCESS_FLAGS_PROT_NONE) {
   access_[static_cast<std::size_t>(memory.device())] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 }
@@ -100,10 +105,20 @@ CUdeviceptr sim_pool::take(free_iterator it, std::size_t footprint, std::size_t 
 }
 
 std::optional<sim_pool::free_iterator> sim_pool::grow(std::size_t footprint) {
-  const std::size_t size = round_up(footprint, segment_granularity);
-  if (size < footprint || size > max_bytes_ || reserved_ > max_bytes_ - size) return std::nullopt;
+  // A whole step for a small request, where the pool and the device have room
+  // for it; else just the request, in granules.
+  const std::size_t needed = round_up(footprint, segment_granularity);
+  if (needed < footprint) return std::nullopt;
+  auto fits = [&](std::size_t size) { return size <= max_bytes_ && reserved_ <= max_bytes_ - size; };
+  std::size_t size = 0;
   CUdeviceptr base = 0;
-  if (memory_.reserve_region(size, &base) != CUDA_SUCCESS) return std::nullopt;
+  if (needed < segment_step && fits(segment_step) && memory_.reserve_region(segment_step, &base) == CUDA_SUCCESS) {
+    size = segment_step;
+  } else if (fits(needed) && memory_.reserve_region(needed, &base) == CUDA_SUCCESS) {
+    size = needed;
+  } else {
+    return std::nullopt;
+  }
   segments_.emplace(base, segment{size, 0});
   reserved_ += size;
   reserved_high_ = std::max(reserved_high_, reserved_);

@@ -3,8 +3,10 @@
 // trimming, attributes and access from other devices.
 //
 // Note [Pool reuse in stream order]
-// A pool reserves *segments* of device memory (2 MiB granules, counted against
-// the device's capacity: RESERVED_MEM_*) and places page-granular *blocks* in
+// A pool reserves *segments* of device memory (counted against the device's
+// capacity: RESERVED_MEM_*): 32 MiB for a request up to 32 MiB, else the
+// request in 2 MiB granules, as the driver does on an H200 (driver 580); it
+// places page-granular *blocks* in
 // them (USED_MEM_*). A block freed with cuMemFreeAsync goes back into the pool
 // at once, remembering the position of the free in its stream's order. A later
 // allocation on stream S may take it without waiting when
@@ -66,8 +68,12 @@ void observe_synchronization(sim_state& state, const host_observation& seen);
 
 class sim_pool {
  public:
-  // Segments are reserved in multiples of this (the driver's 2 MiB granule).
+  // Segments are reserved in multiples of this (the driver's 2 MiB granule)...
   static constexpr std::size_t segment_granularity = std::size_t{2} << 20;
+  // ...and at least this large where the pool has room (the driver's step, as
+  // observed on an H200, driver 580: a 4 KiB request reserves 32 MiB). A pool's
+  // maximum size is rounded up to a multiple of it, as the driver's is.
+  static constexpr std::size_t segment_step = std::size_t{32} << 20;
 
   // `max_bytes` 0: no limit beyond the device. `device_count` sizes the access table.
   sim_pool(device_address_space& memory, int device_count, bool is_default,

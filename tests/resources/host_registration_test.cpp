@@ -1,7 +1,7 @@
 // host_registration: existing host memory registered for the object's life,
 // reachable from device work through its device pointer when mapped; clear
-// errors for a second registration of the same range, a zero size, a null
-// pointer, and a range the driver does not know.
+// errors for a second registration of the same range, a range pinned by
+// cuMemHostAlloc, a zero size, a null pointer, and a range the driver does not know.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -78,10 +78,20 @@ TEST(HostRegistration, RegisteringTheSameRangeTwiceIsAClearError) {
 TEST(HostRegistration, PinnedAllocationsAreRegisteredAlready) {
   pinned_host_resource pinned({}, 0);
   stream s(0);
-  void* p = pinned.allocate(4096, s);
-  const std::string what = logic_error_text([&] { host_registration(p, 4096, {}, 0); });
-  EXPECT_NE(what.find("ALREADY_REGISTERED"), std::string::npos) << what;
-  pinned.deallocate(p, 4096, s);
+  void* p = pinned.allocate(2 * 4096, s);
+  {
+    // The driver's answer (not HOST_MEMORY_ALREADY_REGISTERED, as for a registered range)...
+    detail::device_context_guard guard(0);
+    EXPECT_EQ(detail::driver().cuMemHostRegister(p, 4096, 0), CUDA_ERROR_INVALID_VALUE);
+  }
+  // ...which host_registration turns into a clear error.
+  std::string what = logic_error_text([&] { host_registration(p, 4096, {}, 0); });
+  EXPECT_NE(what.find("already page-locked"), std::string::npos) << what;
+  EXPECT_NE(what.find("CUDA_ERROR_INVALID_VALUE"), std::string::npos) << what;
+  // A range inside the allocation, not at its start, is refused clearly too.
+  what = logic_error_text([&] { host_registration(static_cast<unsigned char*>(p) + 4096, 4096, {}, 0); });
+  EXPECT_NE(what.find("overlaps memory that is already"), std::string::npos) << what;
+  pinned.deallocate(p, 2 * 4096, s);
 }
 
 TEST(HostRegistration, ZeroSizeAndNullAreLogicErrors) {

@@ -11,7 +11,8 @@ namespace gpumem::sim_test {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t segment = 2 * MiB;  // the pools' reservation granule
+constexpr std::size_t granule = 2 * MiB;   // segments are multiples of it
+constexpr std::size_t segment = 32 * MiB;  // what a small request reserves (the driver's step on an H200)
 
 class sim_pool_test : public sim_test {
  protected:
@@ -90,8 +91,8 @@ TEST_F(sim_pool_test, same_stream_frees_are_reused_at_once_while_the_stream_is_b
     EXPECT_EQ(p, first);
     ASSERT_EQ(cu().cuMemFreeAsync(p, s_), CUDA_SUCCESS);
   }
-  EXPECT_EQ(value(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) % segment, 0u);
-  EXPECT_LE(value(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 2 * segment);
+  EXPECT_EQ(value(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), segment);
+  EXPECT_EQ(value(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment);
   g.open();
 }
 
@@ -114,12 +115,12 @@ TEST_F(sim_pool_test, memory_returns_at_a_synchronization_down_to_the_release_th
   ASSERT_EQ(cu().cuStreamSynchronize(s_), CUDA_SUCCESS);
   EXPECT_EQ(sim::used_bytes(0), used_before);  // threshold 0: all of it went back
 
-  // With a threshold the pool keeps that much across synchronizations.
-  cuuint64_t threshold = 8 * MiB;
+  // With a threshold the pool keeps that much across synchronizations (in whole segments).
+  cuuint64_t threshold = 2 * segment;
   ASSERT_EQ(cu().cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), CUDA_SUCCESS);
   std::vector<CUdeviceptr> blocks;
   for (int i = 0; i < 8; ++i) {
-    ASSERT_EQ(cu().cuMemAllocAsync(&p, 2 * MiB, s_), CUDA_SUCCESS);
+    ASSERT_EQ(cu().cuMemAllocAsync(&p, segment, s_), CUDA_SUCCESS);
     blocks.push_back(p);
   }
   for (CUdeviceptr b : blocks) ASSERT_EQ(cu().cuMemFreeAsync(b, s_), CUDA_SUCCESS);
@@ -205,8 +206,8 @@ TEST_F(sim_pool_test, usage_attributes_count_blocks_in_pages_and_segments_in_gra
   EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 4 * page);
   EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment);
   EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 4 * page);
-  CUdeviceptr big = alloc(pool, 3 * MiB, s_);  // does not fit the first segment's rest
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment + 4 * MiB);
+  CUdeviceptr big = alloc(pool, 39 * MiB, s_);  // larger than a step: its own segment, in granules
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment + 40 * MiB);
   CUmemoryPool from_pointer = nullptr;
   ASSERT_EQ(cu().cuPointerGetAttribute(&from_pointer, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, a), CUDA_SUCCESS);
   EXPECT_EQ(from_pointer, pool);
@@ -215,8 +216,8 @@ TEST_F(sim_pool_test, usage_attributes_count_blocks_in_pages_and_segments_in_gra
   ASSERT_EQ(cu().cuMemFreeAsync(big, s_), CUDA_SUCCESS);
   ASSERT_EQ(cu().cuStreamSynchronize(s_), CUDA_SUCCESS);
   EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), page);
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 4 * page + 3 * MiB);
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment + 4 * MiB);  // kept: threshold max
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 4 * page + 39 * MiB);
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment + 40 * MiB);  // kept: threshold max
 
   // High watermarks reset to the current value by setting 0, and only 0.
   cuuint64_t zero = 0, nonzero = 5;
@@ -346,34 +347,48 @@ TEST_F(sim_pool_test, trim_returns_free_segments_the_host_has_seen_and_keeps_wha
   gate& g = new_gate();
   hold(s_, g);
   std::vector<CUdeviceptr> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(alloc(pool, 4 * MiB, s_));
+  for (int i = 0; i < 3; ++i) blocks.push_back(alloc(pool, segment, s_));
   for (CUdeviceptr b : blocks) ASSERT_EQ(cu().cuMemFreeAsync(b, s_), CUDA_SUCCESS);
   ASSERT_EQ(cu().cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 12 * MiB) << "frees not yet seen count as outstanding";
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 3 * segment)
+      << "frees not yet seen count as outstanding";
   g.open();
   ASSERT_EQ(cu().cuStreamSynchronize(s_), CUDA_SUCCESS);
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 12 * MiB);  // threshold max keeps it
-  ASSERT_EQ(cu().cuMemPoolTrimTo(pool, 5 * MiB), CUDA_SUCCESS);
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB) << "at least 5 MiB kept, in whole segments";
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 3 * segment);  // threshold max keeps it
+  ASSERT_EQ(cu().cuMemPoolTrimTo(pool, segment + 5 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 2 * segment)
+      << "at least what was asked kept, in whole segments";
   std::size_t free_bytes = 0, total = 0;
   ASSERT_EQ(cu().cuMemGetInfo(&free_bytes, &total), CUDA_SUCCESS);
   ASSERT_EQ(cu().cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
   std::size_t free_after = 0;
   ASSERT_EQ(cu().cuMemGetInfo(&free_after, &total), CUDA_SUCCESS);
-  EXPECT_EQ(free_after, free_bytes + 8 * MiB);
+  EXPECT_EQ(free_after, free_bytes + 2 * segment);
   EXPECT_EQ(sim::used_bytes(0), used_before);
 }
 
 TEST_F(sim_pool_test, a_pool_stops_at_its_maximum_size) {
-  CUmemoryPool pool = make_pool(true, true, true, 4 * MiB);
-  CUdeviceptr a = alloc(pool, 3 * MiB, s_);
+  CUmemoryPool pool = make_pool(true, true, true, 2 * segment);
+  CUdeviceptr a = alloc(pool, 47 * MiB, s_);  // a segment of 48 MiB
   CUdeviceptr b = 0;
-  EXPECT_EQ(cu().cuMemAllocFromPoolAsync(&b, 3 * MiB, pool, s_), CUDA_ERROR_OUT_OF_MEMORY);
-  EXPECT_EQ(cu().cuMemAllocFromPoolAsync(&b, 5 * MiB, pool, s_), CUDA_ERROR_OUT_OF_MEMORY);
-  b = alloc(pool, MiB, s_);  // fits the segment's rest
-  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB);
+  EXPECT_EQ(cu().cuMemAllocFromPoolAsync(&b, 17 * MiB, pool, s_), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cu().cuMemAllocFromPoolAsync(&b, 3 * segment, pool, s_), CUDA_ERROR_OUT_OF_MEMORY);
+  b = alloc(pool, 15 * MiB, s_);  // no room for a whole step: a segment of just 16 MiB
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 2 * segment);
   ASSERT_EQ(cu().cuMemFreeAsync(a, s_), CUDA_SUCCESS);
   ASSERT_EQ(cu().cuMemFreeAsync(b, s_), CUDA_SUCCESS);
+}
+
+TEST_F(sim_pool_test, a_small_maximum_size_is_rounded_up_to_the_step) {
+  // As on an H200: a pool of maxSize 2 MiB holds two 2 MiB allocations.
+  CUmemoryPool pool = make_pool(true, true, true, granule);
+  CUdeviceptr a = alloc(pool, granule, s_);
+  CUdeviceptr b = alloc(pool, granule, s_);
+  EXPECT_EQ(value(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), segment);
+  CUdeviceptr c = 0;
+  EXPECT_EQ(cu().cuMemAllocFromPoolAsync(&c, segment - 2 * granule + 1, pool, s_), CUDA_ERROR_OUT_OF_MEMORY);
+  c = alloc(pool, segment - 2 * granule, s_);
+  for (CUdeviceptr p : {a, b, c}) ASSERT_EQ(cu().cuMemFreeAsync(p, s_), CUDA_SUCCESS);
 }
 
 TEST_F(sim_pool_test, create_and_destroy) {
