@@ -10,6 +10,7 @@
 #include "gpumem/managed_resource.hpp"
 #include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 #include "peers/peers.hpp"
 #include "peers/plugin_peers.hpp"
 
@@ -35,6 +36,7 @@ std::unique_ptr<memory_resource> pinned_host(int device) {
 constexpr subject subjects[] = {
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
+    {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
     {"gpumem async_resource", subject_kind::gpumem, &on_device<async_resource>},
     {"gpumem managed_resource", subject_kind::gpumem, &on_device<managed_resource>},
     {"gpumem pinned_host_resource", subject_kind::gpumem, &pinned_host},

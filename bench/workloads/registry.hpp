@@ -12,5 +12,6 @@ const workload& w2_random();
 const workload& w3_threads();
 const workload& w4_fragmentation();
 const workload& w5_replay();
+const workload& w6_grow();
 
 }  // namespace gpumem::bench

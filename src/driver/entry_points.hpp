@@ -58,6 +58,20 @@
 //  cuMemcpy/cuMemcpyAsync      unified addressing (both backends) => bytes copied, in stream order
 //  cuMemsetD8/cuMemsetD8Async  device pointer                     => bytes set, in stream order
 //  cuGetErrorName/String       any CUresult                       => static strings
+//  Virtual memory management (src/vmm; the simulator's model is in src/sim/sim_vmm.hpp):
+//  cuMemGetAllocationGranularity  prop of device memory            => granularity (2 MiB on H100/H200)
+//  cuMemAddressReserve/Free    size a granularity multiple         => a range of addresses, nothing
+//                              mapped; the address argument is a hint only; free the exact range
+//                              reserved, after unmapping everything in it
+//  cuMemCreate/cuMemRelease    prop of device memory, size a granularity multiple
+//                              => physical memory counted against the device; it returns to the
+//                              device once released AND unmapped everywhere
+//  cuMemMap/cuMemUnmap         inside one reservation, over nothing mapped / whole mappings
+//                              => addresses backed; neither waits for work in flight: gpumem orders
+//                              unmap after the frees it covers (docs/vmm.md)
+//  cuMemSetAccess/GetAccess    a fully mapped range                => per-device access; mapped
+//                              memory is inaccessible until access is set
+//  cuMemRetainAllocationHandle an address inside a mapping         => its handle, one more reference
 #pragma once
 
 #include <cuda.h>
@@ -124,4 +138,14 @@
   X(cuMemcpy, 4000)                        \
   X(cuMemcpyAsync, 4000)                   \
   X(cuMemsetD8, 3020)                      \
-  X(cuMemsetD8Async, 3020)
+  X(cuMemsetD8Async, 3020)                 \
+  X(cuMemGetAllocationGranularity, 10020)   \
+  X(cuMemAddressReserve, 10020)             \
+  X(cuMemAddressFree, 10020)                \
+  X(cuMemCreate, 10020)                     \
+  X(cuMemRelease, 10020)                    \
+  X(cuMemMap, 10020)                        \
+  X(cuMemUnmap, 10020)                      \
+  X(cuMemSetAccess, 10020)                  \
+  X(cuMemGetAccess, 10020)                  \
+  X(cuMemRetainAllocationHandle, 11000)

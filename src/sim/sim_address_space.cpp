@@ -83,6 +83,18 @@ CUresult device_address_space::reserve_region(std::size_t bytes, CUdeviceptr* ou
   return CUDA_SUCCESS;
 }
 
+CUresult device_address_space::charge(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (bytes > capacity_ - used_) return CUDA_ERROR_OUT_OF_MEMORY;
+  used_ += bytes;
+  return CUDA_SUCCESS;
+}
+
+void device_address_space::uncharge(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  used_ -= bytes;
+}
+
 void device_address_space::release_region(CUdeviceptr base, std::size_t footprint) {
   std::lock_guard lock(mutex_);
   unmap_locked(base, footprint);

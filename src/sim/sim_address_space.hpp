@@ -68,6 +68,11 @@ class device_address_space {
   // has removed every allocation inside it.
   void release_region(CUdeviceptr base, std::size_t footprint);
 
+  // ---- capacity without placement: virtual-memory physical handles (sim_vmm.hpp) ----
+  // Counts `bytes` against the capacity; CUDA_ERROR_OUT_OF_MEMORY if it has no room.
+  CUresult charge(std::size_t bytes);
+  void uncharge(std::size_t bytes);
+
   // ---- allocations that are whole regions: cuMemAlloc, cuMemAllocManaged ----
   CUresult allocate(std::size_t bytes, allocation_kind kind, unsigned attach, CUdeviceptr* out);
   // Frees the allocation that starts at `base`; CUDA_ERROR_INVALID_VALUE for a

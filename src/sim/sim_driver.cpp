@@ -79,6 +79,16 @@ driver_api build_sim_driver_table() {
   table.cuMemcpyAsync = &memcpy_async;
   table.cuMemsetD8 = &memset_d8_sync;
   table.cuMemsetD8Async = &memset_d8_async;
+  table.cuMemGetAllocationGranularity = &mem_get_allocation_granularity;
+  table.cuMemAddressReserve = &mem_address_reserve;
+  table.cuMemAddressFree = &mem_address_free;
+  table.cuMemCreate = &mem_create;
+  table.cuMemRelease = &mem_release;
+  table.cuMemMap = &mem_map;
+  table.cuMemUnmap = &mem_unmap;
+  table.cuMemSetAccess = &mem_set_access;
+  table.cuMemGetAccess = &mem_get_access;
+  table.cuMemRetainAllocationHandle = &mem_retain_allocation_handle;
 
   // The real loader calls cuInit too; gpumem's driver() does not for either backend.
   if (table.cuInit(0) != CUDA_SUCCESS) {

@@ -82,4 +82,20 @@ CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstr
 CUresult memset_d8_sync(CUdeviceptr dst, unsigned char value, std::size_t count);
 CUresult memset_d8_async(CUdeviceptr dst, unsigned char value, std::size_t count, CUstream stream);
 
+// sim_vmm.cpp
+CUresult mem_get_allocation_granularity(std::size_t* granularity, const CUmemAllocationProp* prop,
+                                        CUmemAllocationGranularity_flags option);
+CUresult mem_address_reserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
+CUresult mem_address_free(CUdeviceptr ptr, std::size_t size);
+CUresult mem_create(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
+                    unsigned long long flags);
+CUresult mem_release(CUmemGenericAllocationHandle handle);
+CUresult mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
+                 unsigned long long flags);
+CUresult mem_unmap(CUdeviceptr ptr, std::size_t size);
+CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc, std::size_t count);
+CUresult mem_get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
+CUresult mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr);
+
 }  // namespace gpumem::detail::simulator

@@ -21,6 +21,15 @@ std::optional<allocation> find_allocation(sim_state& state, CUdeviceptr pointer)
   for (int ordinal = 0; ordinal < state.device_count(); ++ordinal) {
     if (auto found = state.device(ordinal)->memory.find(pointer)) return found;
   }
+  // A virtual-memory mapping answers pointer queries like device memory (sim_vmm.hpp).
+  if (auto mapped = state.vmm->find(pointer)) {
+    allocation a;
+    a.base = mapped->base;
+    a.size = mapped->size;
+    a.footprint = mapped->size;
+    a.device = mapped->device;
+    return a;
+  }
   return std::nullopt;
 }
 
@@ -34,6 +43,7 @@ CUresult check_access(sim_state& state, CUdeviceptr pointer, std::size_t bytes) 
     if (!a || a->free_pending || bytes > a->size - (pointer - a->base)) return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
   }
+  if (state.vmm->overlaps(pointer, bytes)) return state.vmm->check_access(pointer, bytes);
   return CUDA_SUCCESS;  // host memory
 }
 
@@ -67,6 +77,7 @@ CUresult mem_free(CUdeviceptr pointer) {
     auto a = find_allocation(state, pointer);
     if (!a || a->base != pointer || a->free_pending) return CUDA_ERROR_INVALID_VALUE;
     if (a->kind == allocation_kind::stream_ordered) return CUDA_ERROR_INVALID_VALUE;  // cuMemFreeAsync's
+    if (state.vmm->find(pointer)) return CUDA_ERROR_INVALID_VALUE;                    // cuMemUnmap's
     // The real cuMemFree synchronizes the device first; this also keeps queued
     // host functions and copies from touching pages that are about to fault.
     sim_device& owner = *state.device(a->device);

@@ -23,7 +23,11 @@ CUresult sim_state::initialize() {
     for (int ordinal = 0; ordinal < config.device_count; ++ordinal) {
       devices.push_back(std::make_unique<sim_device>(ordinal, config.memory_per_device, config.device_count));
     }
+    std::vector<device_address_space*> memories;
+    for (const auto& d : devices) memories.push_back(&d->memory);
+    auto space = std::make_unique<vmm_space>(std::move(memories));
     devices_ = std::move(devices);
+    vmm = std::move(space);
     for (const auto& d : devices_) pools.add(&d->default_pool);
   } catch (const std::bad_alloc&) {
     return CUDA_ERROR_OUT_OF_MEMORY;  // nothing kept: a later cuInit may try again

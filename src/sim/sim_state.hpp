@@ -21,6 +21,7 @@
 #include "sim/sim_handles.hpp"
 #include "sim/sim_host_memory.hpp"
 #include "sim/sim_pool.hpp"
+#include "sim/sim_vmm.hpp"
 
 namespace gpumem::detail::simulator {
 
@@ -37,6 +38,7 @@ class sim_state {
   handle_registry<sim_event> events;
   pool_registry pools;
   host_memory host;
+  std::unique_ptr<vmm_space> vmm;  // set by initialize()
 
   // cuInit: builds the devices (reserving their address space) the first time.
   // CUDA_ERROR_OUT_OF_MEMORY if the host cannot reserve it.

@@ -14,6 +14,7 @@
 #include "gpumem/managed_resource.hpp"
 #include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 
 namespace gpumem::test {
 
@@ -97,6 +98,14 @@ const std::vector<resource_factory>& all_resources() {
       {"pinned_host_resource_portable_write_combined", [](int device) {
          return std::make_shared<pinned_host_resource>(
              pinned_options{.portable = true, .device_mapped = true, .write_combined = true}, device);
+       }},
+      // Virtual memory (docs/vmm.md): an expandable pool; small chunks and fences on every free.
+      {"vmm_pool_resource", [](int device) { return std::make_shared<vmm_pool_resource>(device); }},
+      {"vmm_pool_resource_fence_every_free", [](int device) {
+         vmm_pool_options o;
+         o.fence_interval = 1;
+         o.release_threshold_bytes = 0;
+         return std::make_shared<vmm_pool_resource>(device, o);
        }},
   };
   return list;

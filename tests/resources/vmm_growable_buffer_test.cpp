@@ -1,0 +1,267 @@
+// growable_buffer and device_vector (docs/vmm.md): growth in place and by remap
+// keeps contents without a copy, shrink gives memory back after the stream's
+// work, a released tail faults, out-of-memory mid-growth leaves the buffer as it
+// was, and peer access.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "driver/driver.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/sim.hpp"
+#include "gpumem/vmm/device_vector.hpp"
+#include "gpumem/vmm/growable_buffer.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
+#include "support/touch.hpp"
+
+namespace gpumem::test {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+bool on_sim() { return current_backend() == backend_kind::sim; }
+
+// Reserves addresses at `at` so a buffer ending there cannot grow in place.
+struct address_blocker {
+  CUdeviceptr p = 0;
+  std::size_t bytes = 0;
+  address_blocker(CUdeviceptr at, std::size_t n) : bytes(n) {
+    detail::device_context_guard g(0);
+    EXPECT_EQ(detail::driver().cuMemAddressReserve(&p, n, 0, at, 0), CUDA_SUCCESS);
+  }
+  ~address_blocker() {
+    detail::device_context_guard g(0);
+    detail::driver().cuMemAddressFree(p, bytes);
+  }
+};
+
+class GrowableBuffer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
+  }
+  stream s{0};
+};
+
+TEST_F(GrowableBuffer, ReserveTakesAddressesOnly) {
+  const std::size_t before = device_memory_info(0).free_bytes;
+  growable_buffer b(0, s);
+  b.reserve(64 * MiB);
+  EXPECT_GE(b.reserved(), 64 * MiB);
+  EXPECT_EQ(b.capacity(), 0U);
+  EXPECT_EQ(b.size(), 0U);
+  EXPECT_EQ(device_memory_info(0).free_bytes, before);
+}
+
+TEST_F(GrowableBuffer, GrowthInPlaceKeepsContentsAndAddress) {
+  growable_buffer b(0, s);
+  b.resize(2 * MiB);
+  device_fill(b.data(), 2 * MiB, 0x11, s);
+  void* const first = b.data();
+  for (std::size_t n = 4 * MiB; n <= 32 * MiB; n *= 2) {
+    b.resize(n);
+    device_fill(static_cast<char*>(b.data()) + n / 2, n / 2, 0x22, s);
+  }
+  EXPECT_EQ(b.data(), first);  // extended in place (or reserved ahead by doubling)
+  EXPECT_EQ(b.relocations(), 0U);
+  EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x11, s), 0U);
+  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 2 * MiB, 2 * MiB, 0x22, s), 0U);
+  EXPECT_EQ(b.size(), 32 * MiB);
+  EXPECT_EQ(b.capacity(), 32 * MiB);
+}
+
+TEST_F(GrowableBuffer, GrowthByRemapKeepsContentsWithoutCopy) {
+  growable_buffer b(0, s);
+  b.reserve(4 * MiB);
+  b.resize(4 * MiB);
+  device_fill(b.data(), 4 * MiB, 0x5A, s);
+  // Nothing free right after the range: growth must move.
+  const auto end = reinterpret_cast<CUdeviceptr>(b.data()) + b.reserved();
+  address_blocker block(end, 64 * MiB);
+  ASSERT_EQ(block.p, end) << "could not block the range after the buffer";
+  const std::size_t free_before = device_memory_info(0).free_bytes;
+  void* const old = b.data();
+  b.resize(12 * MiB);
+  EXPECT_NE(b.data(), old);
+  EXPECT_EQ(b.relocations(), 1U);
+  // Only the new 8 MiB were taken from the device: the old 4 MiB were remapped, not copied.
+  EXPECT_EQ(free_before - device_memory_info(0).free_bytes, 8 * MiB);
+  EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x5A, s), 0U);
+  device_fill(static_cast<char*>(b.data()) + 4 * MiB, 8 * MiB, 0x6B, s);
+  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 4 * MiB, 8 * MiB, 0x6B, s), 0U);
+}
+
+TEST_F(GrowableBuffer, ShrinkToFitGivesMemoryBack) {
+  growable_options o;
+  o.max_chunk_bytes = 2 * MiB;  // fine-grained handles: the tail goes back chunk by chunk
+  growable_buffer b(0, s, o);
+  b.resize(64 * MiB);
+  device_fill(b.data(), 64 * MiB, 0x01, s);
+  s.synchronize();
+  const std::size_t before = device_memory_info(0).free_bytes;
+  b.resize(5 * MiB);
+  b.shrink_to_fit();  // the stream is idle: given back at once
+  EXPECT_EQ(b.capacity(), 6 * MiB);
+  EXPECT_EQ(device_memory_info(0).free_bytes - before, 58 * MiB);
+  EXPECT_EQ(device_count_mismatches(b.data(), 5 * MiB, 0x01, s), 0U);
+  b.clear();
+  b.shrink_to_fit();
+  EXPECT_EQ(b.capacity(), 0U);
+  EXPECT_EQ(device_memory_info(0).free_bytes - before, 64 * MiB);
+  // And it grows again where it was.
+  b.resize(4 * MiB);
+  device_fill(b.data(), 4 * MiB, 0x02, s);
+  EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x02, s), 0U);
+}
+
+TEST_F(GrowableBuffer, ShrinkIsOrderedAfterTheStreamsWork) {
+  growable_options o;
+  o.max_chunk_bytes = 2 * MiB;
+  growable_buffer b(0, s, o);
+  b.resize(8 * MiB);
+  char* tail = static_cast<char*>(b.data()) + 4 * MiB;
+  // Work on the stream fills the tail, holds it, then checks it: the unmap must wait.
+  held_check check(tail, 4 * MiB, 0xA7, std::chrono::milliseconds(200), s);
+  const std::size_t before = device_memory_info(0).free_bytes;
+  b.resize(4 * MiB);
+  b.shrink_to_fit();
+  EXPECT_EQ(device_memory_info(0).free_bytes, before) << "unmapped while the stream still used the tail";
+  EXPECT_EQ(check.mismatches(), 0U);  // waits for the stream; it ran to the end without faulting
+  // The stream is done: the next growth (or reclaim) runs the queued unmap.
+  b.resize(6 * MiB);
+  EXPECT_EQ(device_memory_info(0).free_bytes, before + 2 * MiB);
+}
+
+TEST_F(GrowableBuffer, DestructionIsOrderedAfterTheStreamsWork) {
+  const std::size_t before = device_memory_info(0).free_bytes;
+  std::unique_ptr<held_check> check;
+  {
+    growable_buffer b(4 * MiB, 0, s);
+    check = std::make_unique<held_check>(b.data(), 4 * MiB, 0x3D, std::chrono::milliseconds(200), s);
+  }
+  EXPECT_EQ(check->mismatches(), 0U);
+  vmm::reclaim();
+  EXPECT_EQ(device_memory_info(0).free_bytes, before);
+}
+
+TEST_F(GrowableBuffer, OutOfMemoryMidGrowthLeavesTheBufferIntact) {
+  growable_options o;
+  o.max_chunk_bytes = 2 * MiB;
+  growable_buffer b(0, s, o);
+  b.resize(4 * MiB);
+  device_fill(b.data(), 4 * MiB, 0x77, s);
+  const std::size_t free_before = device_memory_info(0).free_bytes;
+  const std::size_t total = device_memory_info(0).total_bytes;
+  try {
+    b.resize(total + 4 * MiB);
+    ADD_FAILURE() << "growing past the device succeeded";
+  } catch (const out_of_memory& e) {
+    EXPECT_NE(std::string(e.what()).find("unchanged"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(b.size(), 4 * MiB);
+  EXPECT_EQ(b.capacity(), 4 * MiB);
+  EXPECT_EQ(device_memory_info(0).free_bytes, free_before);  // every chunk of the failed growth went back
+  EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x77, s), 0U);
+  if (on_sim()) {
+    // A failure part way: the 3rd new handle fails.
+    sim::fail_nth_allocation(3);
+    EXPECT_THROW(b.resize(16 * MiB), out_of_memory);
+    sim::fail_nth_allocation(0);
+    EXPECT_EQ(b.capacity(), 4 * MiB);
+    EXPECT_EQ(device_memory_info(0).free_bytes, free_before);
+    EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x77, s), 0U);
+  }
+  b.resize(16 * MiB);  // and it still grows
+  EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x77, s), 0U);
+}
+
+TEST_F(GrowableBuffer, DeviceVectorIsTyped) {
+  device_vector<double> v(0, s);
+  v.resize(1000);
+  EXPECT_EQ(v.size(), 1000U);
+  EXPECT_GE(v.capacity(), 1000U);
+  device_fill(v.data(), 1000 * sizeof(double), 0, s);
+  v.resize(1'000'000);
+  EXPECT_EQ(device_count_mismatches(v.data(), 1000 * sizeof(double), 0, s), 0U);
+  v.clear();
+  v.shrink_to_fit();
+  EXPECT_EQ(v.capacity(), 0U);
+  EXPECT_THROW(v.resize(std::size_t{1} << 62), out_of_memory);
+}
+
+TEST_F(GrowableBuffer, PeerAccessForChosenDevices) {
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  growable_options o;
+  o.peer_devices = {1};
+  growable_buffer b(0, s, o);
+  b.resize(4 * MiB);
+  detail::device_context_guard g(0);
+  unsigned long long flags = 0;
+  CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  ASSERT_EQ(detail::driver().cuMemGetAccess(&flags, &loc, reinterpret_cast<CUdeviceptr>(b.data())), CUDA_SUCCESS);
+  EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  // Device 1's stream writes into it, device 0's reads it.
+  stream s1(1);
+  device_fill(b.data(), 4 * MiB, 0x19, s1);
+  s1.synchronize();
+  EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x19, s), 0U);
+  growable_buffer own(0, s);
+  own.resize(2 * MiB);
+  ASSERT_EQ(detail::driver().cuMemGetAccess(&flags, &loc, reinterpret_cast<CUdeviceptr>(own.data())), CUDA_SUCCESS);
+  EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);  // no peer asked: none granted
+}
+
+TEST_F(GrowableBuffer, ManyThreadsEachGrowAndShrinkTheirOwn) {
+  std::vector<std::thread> threads;
+  const std::size_t before = device_memory_info(0).free_bytes;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t] {
+      stream st(0);
+      growable_options o;
+      o.max_chunk_bytes = 2 * MiB;
+      growable_buffer b(0, st, o);
+      for (int i = 1; i <= 12; ++i) {
+        b.resize(static_cast<std::size_t>(i) * 3 * MiB);
+        device_fill(b.data(), b.size(), static_cast<std::uint8_t>(t + i), st);
+        if (i % 4 == 0) {
+          b.resize(b.size() / 2);
+          b.shrink_to_fit();
+        }
+      }
+      EXPECT_EQ(device_count_mismatches(b.data(), b.size(), static_cast<std::uint8_t>(t + 12), st), 0U);
+      st.synchronize();
+    });
+  }
+  for (auto& th : threads) th.join();
+  vmm::reclaim(true);
+  EXPECT_EQ(device_memory_info(0).free_bytes, before);
+}
+
+using GrowableBufferDeathTest = GrowableBuffer;
+
+TEST_F(GrowableBufferDeathTest, TouchingAReleasedTailFaults) {
+  if (!on_sim()) GTEST_SKIP() << "a fault on the GPU is an asynchronous error, not a signal";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  growable_options o;
+  o.max_chunk_bytes = 2 * MiB;
+  growable_buffer b(0, s, o);
+  b.resize(8 * MiB);
+  auto* tail = static_cast<volatile char*>(b.data()) + 6 * MiB;
+  tail[0] = 1;  // mapped
+  b.resize(2 * MiB);
+  b.shrink_to_fit();
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  EXPECT_DEATH(tail[0] = 2, "SEGV");
+#else
+  EXPECT_EXIT(tail[0] = 2, ::testing::KilledBySignal(SIGSEGV), "");
+#endif
+}
+
+}  // namespace
+}  // namespace gpumem::test

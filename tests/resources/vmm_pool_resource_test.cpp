@@ -1,0 +1,207 @@
+// vmm_pool_resource beyond the shared contract: the W4 fragmentation scenario,
+// remapping scattered free chunks, unmapping only after the frees complete,
+// trim and the release threshold, peer access, out-of-memory reasons, many threads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "driver/driver.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+#include "support/touch.hpp"
+
+namespace gpumem::test {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+class VmmPool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
+  }
+  stream s{0};
+};
+
+TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
+  vmm_pool_resource pool(0);
+  const std::size_t total = device_memory_info(0).total_bytes;
+  constexpr std::size_t block = 64 * MiB;
+  std::vector<void*> held;
+  while ((held.size() + 1) * block <= total * 9 / 10) held.push_back(pool.allocate(block, s));
+  std::size_t live = 0;
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (i % 2 == 0) {
+      pool.deallocate(held[i], block, s);
+      held[i] = nullptr;
+    } else {
+      live += block;
+    }
+  }
+  // One allocation of 25% of the device: served by remapping scattered free chunks.
+  const std::size_t quarter = total / 4;
+  void* big = pool.allocate(quarter, s);
+  device_fill(big, quarter, 0x4E, s);
+  EXPECT_EQ(device_count_mismatches(big, quarter, 0x4E, s), 0U);
+  pool.deallocate(big, quarter, s);
+  EXPECT_GT(pool.statistics().chunks_remapped, 0U);
+  // The largest allocation that succeeds (bisection in MiB).
+  std::size_t lo = 0, hi = (total - live) / MiB + 1;
+  while (hi - lo > 1) {
+    const std::size_t mid = (lo + hi) / 2;
+    try {
+      void* p = pool.allocate(mid * MiB, s);
+      pool.deallocate(p, mid * MiB, s);
+      lo = mid;
+    } catch (const out_of_memory&) {
+      hi = mid;
+    }
+  }
+  const double ratio = static_cast<double>(lo * MiB) / static_cast<double>(total - live);
+  EXPECT_GE(ratio, 0.99) << "largest " << lo << " MiB of " << (total - live) / MiB << " MiB free";
+  for (void* p : held) {
+    if (p != nullptr) pool.deallocate(p, block, s);
+  }
+}
+
+TEST_F(VmmPool, OutOfMemorySaysWhy) {
+  vmm_pool_resource pool(0);
+  const std::size_t total = device_memory_info(0).total_bytes;
+  void* p = pool.allocate(total / 2, s);
+  try {
+    pool.allocate(total / 2 + 64 * MiB, s);
+    ADD_FAILURE() << "allocated more than the device has";
+  } catch (const out_of_memory& e) {
+    EXPECT_NE(std::string(e.what()).find("lack the physical memory"), std::string::npos) << e.what();
+  }
+  pool.deallocate(p, total / 2, s);
+  // After the failure the pool still serves, and the free memory is usable again.
+  void* q = pool.allocate(total / 2 + 64 * MiB, s);
+  pool.deallocate(q, total / 2 + 64 * MiB, s);
+}
+
+TEST_F(VmmPool, FreeChunksMoveOnlyAfterTheirFreesComplete) {
+  // Work on stream a holds a block; after its free, a request that needs every
+  // chunk of the device must not take that block's chunks until a's work is done.
+  vmm_pool_resource pool(0);
+  const std::size_t total = device_memory_info(0).total_bytes;
+  stream a(0);
+  void* p = pool.allocate(8 * MiB, a);
+  held_check check(p, 8 * MiB, 0xC1, std::chrono::milliseconds(300), a);
+  pool.deallocate(p, 8 * MiB, a);
+  // Leave the device exactly 4 MiB short of this request: only p's chunks can make up for it.
+  const std::size_t device_free = device_memory_info(0).free_bytes;
+  void* q = pool.allocate(device_free + 4 * MiB, s);
+  // The moved chunks are at the end of the request (new handles come first): write there.
+  device_fill(static_cast<char*>(q) + device_free - 12 * MiB, 16 * MiB, 0x3E, s);
+  EXPECT_EQ(check.mismatches(), 0U) << "a chunk was remapped while the freeing stream still used it";
+  s.synchronize();
+  pool.deallocate(q, device_free + 4 * MiB, s);
+  (void)total;
+}
+
+TEST_F(VmmPool, TrimGivesBackCompletedFreeChunks) {
+  vmm_pool_resource pool(0);
+  const std::size_t before = device_memory_info(0).free_bytes;
+  std::vector<void*> ps;
+  for (int i = 0; i < 8; ++i) ps.push_back(pool.allocate(4 * MiB, s));
+  EXPECT_EQ(before - device_memory_info(0).free_bytes, 32 * MiB);
+  for (void* p : ps) pool.deallocate(p, 4 * MiB, s);
+  s.synchronize();
+  // A pool used by one stream never fences, so trim (which never waits) finds
+  // nothing it knows is complete; release() synchronises and gives all back.
+  pool.trim();
+  EXPECT_EQ(pool.release(), 32 * MiB);
+  EXPECT_EQ(device_memory_info(0).free_bytes, before);
+  EXPECT_EQ(pool.statistics().mapped_bytes, 0U);
+}
+
+TEST_F(VmmPool, ReleaseThresholdKeepsAtMostThatMuchFree) {
+  vmm_pool_options o;
+  o.release_threshold_bytes = 8 * MiB;
+  o.fence_interval = 4;
+  vmm_pool_resource pool(0, o);
+  stream other(0);
+  pool.deallocate(pool.allocate(256, other), 256, other);  // two streams: fences are recorded
+  std::vector<void*> ps;
+  for (int i = 0; i < 32; ++i) ps.push_back(pool.allocate(2 * MiB, s));
+  s.synchronize();
+  for (void* p : ps) {
+    pool.deallocate(p, 2 * MiB, s);
+    s.synchronize();  // each check then finds the previous check's fence complete
+  }
+  // The threshold checks released some along the way; the frees after the last
+  // fence go once trim(s) has fenced them and the stream is done.
+  EXPECT_GT(pool.statistics().chunks_released, 0U);
+  s.synchronize();
+  pool.trim(s);  // records the fence; the stream may not have reached it yet
+  s.synchronize();
+  pool.trim();
+  const auto st = pool.statistics();
+  EXPECT_LE(st.mapped_bytes - st.used_bytes, 2 * MiB);  // only the chunk `other`'s 256 bytes hold
+}
+
+TEST_F(VmmPool, PeerAccessForTheWholePool) {
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  vmm_pool_options o;
+  o.peer_devices = {1};
+  vmm_pool_resource pool(0, o);
+  void* p = pool.allocate(3 * MiB, s);
+  detail::device_context_guard g(0);
+  unsigned long long flags = 0;
+  CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  ASSERT_EQ(detail::driver().cuMemGetAccess(&flags, &loc, reinterpret_cast<CUdeviceptr>(p)), CUDA_SUCCESS);
+  EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  stream s1(1);
+  s.synchronize();
+  device_fill(p, 3 * MiB, 0x71, s1);
+  s1.synchronize();
+  EXPECT_EQ(device_count_mismatches(p, 3 * MiB, 0x71, s), 0U);
+  pool.deallocate(p, 3 * MiB, s);
+}
+
+TEST_F(VmmPool, ManyThreadsOwnStreamsRandomSizes) {
+  vmm_pool_options o;
+  o.fence_interval = 2;
+  o.release_threshold_bytes = 64 * MiB;
+  vmm_pool_resource pool(0, o);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&pool, t] {
+      stream st(0);
+      std::mt19937 rng(static_cast<unsigned>(t + 1));
+      std::uniform_int_distribution<std::size_t> size(1, 6 * MiB);
+      std::vector<std::pair<void*, std::size_t>> live;
+      for (int i = 0; i < 300; ++i) {
+        if (live.size() < 16 && (rng() % 2 == 0 || live.empty())) {
+          const std::size_t n = size(rng);
+          void* p = pool.allocate(n, st);
+          device_fill(p, std::min<std::size_t>(n, 4096), static_cast<std::uint8_t>(t), st);
+          live.emplace_back(p, n);
+        } else {
+          const std::size_t k = rng() % live.size();
+          pool.deallocate(live[k].first, live[k].second, st);
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+        if (i % 50 == 0) pool.trim();
+      }
+      for (auto [p, n] : live) {
+        EXPECT_EQ(device_count_mismatches(p, std::min<std::size_t>(n, 4096), static_cast<std::uint8_t>(t), st), 0U);
+        pool.deallocate(p, n, st);
+      }
+      st.synchronize();
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+  EXPECT_EQ(pool.statistics().used_bytes, 0U);
+}
+
+}  // namespace
+}  // namespace gpumem::test
