@@ -39,7 +39,10 @@ struct pool_options {
   // (docs/pool.md, "Quick cache").
   bool quick_cache = true;
   // Frees per stream between fence events, and bytes freed that force one sooner.
-  unsigned fence_interval = 32;
+  // Fences are also recorded whenever another stream asks for one (it found no
+  // fenced memory to take), so a long interval costs no reuse, only its timeliness;
+  // recording fewer events keeps threads out of the driver's locks (W3).
+  unsigned fence_interval = 256;
   std::size_t fence_bytes = std::size_t{256} << 20;
 };
 
