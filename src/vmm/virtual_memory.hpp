@@ -39,8 +39,8 @@ std::size_t granularity(int device);
 std::size_t round_up(std::size_t n, std::size_t unit);
 
 // ---- addresses ----
-// Reserves `bytes` (a granularity multiple) of addresses, at `hint` if that range is
-// free. Returns 0 when the driver has no room (CUDA_ERROR_OUT_OF_MEMORY); throws
+// Reserves `bytes` (a granularity multiple) of addresses, at `hint` if the driver
+// honours it (best-effort: the range may come back elsewhere; callers compare). Returns 0 when the driver has no room (CUDA_ERROR_OUT_OF_MEMORY); throws
 // cuda_error otherwise.
 CUdeviceptr reserve(int device, std::size_t bytes, CUdeviceptr hint = 0, std::size_t alignment = 0);
 void free_addresses(int device, CUdeviceptr base, std::size_t bytes);

@@ -27,10 +27,18 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 bool on_sim() { return current_backend() == backend_kind::sim; }
 
+// Device free memory as cuMemGetInfo reports it is exact on the simulator. On a GPU
+// the driver's own allocations (streams, events, the test support's buffers) and
+// other resources giving cached memory back move it by a few MiB at any time, so
+// checks of it there allow this much either way.
+double free_slack() { return on_sim() ? 0.0 : static_cast<double>(4 * MiB); }
+double free_bytes() { return static_cast<double>(device_memory_info(0).free_bytes); }
+
 // Reserves addresses at `at` so a buffer ending there cannot grow in place.
 struct address_blocker {
   CUdeviceptr p = 0;
   std::size_t bytes = 0;
+  // The driver may place it elsewhere (the address is only a hint): then p != at.
   address_blocker(CUdeviceptr at, std::size_t n) : bytes(n) {
     detail::device_context_guard g(0);
     EXPECT_EQ(detail::driver().cuMemAddressReserve(&p, n, 0, at, 0), CUDA_SUCCESS);
@@ -65,36 +73,74 @@ TEST_F(GrowableBuffer, GrowthInPlaceKeepsContentsAndAddress) {
   device_fill(b.data(), 2 * MiB, 0x11, s);
   void* const first = b.data();
   for (std::size_t n = 4 * MiB; n <= 32 * MiB; n *= 2) {
+    void* const before = b.data();
+    const std::size_t relocations_before = b.relocations();
     b.resize(n);
+    // Each growth either extends the range in place (same address) or relocates it
+    // by remapping (a new address, counted); the contents are kept either way.
+    if (b.relocations() == relocations_before) {
+      EXPECT_EQ(b.data(), before) << "the address changed without a relocation";
+    } else {
+      EXPECT_EQ(b.relocations(), relocations_before + 1);
+      EXPECT_NE(b.data(), before);
+    }
+    EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x11, s), 0U) << "after growing to " << n;
+    if (n > 4 * MiB) {
+      EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 2 * MiB, n / 2 - 2 * MiB, 0x22, s), 0U)
+          << "after growing to " << n;
+    }
     device_fill(static_cast<char*>(b.data()) + n / 2, n / 2, 0x22, s);
   }
-  EXPECT_EQ(b.data(), first);  // extended in place (or reserved ahead by doubling)
-  EXPECT_EQ(b.relocations(), 0U);
+  if (b.relocations() == 0) {
+    EXPECT_EQ(b.data(), first);
+  }
+  if (on_sim()) {
+    // The simulator honours the address hint when the range after the buffer is
+    // free, so here growth is known to be in place. A real driver may ignore the
+    // hint (driver 580 on an H200 does): the buffer then relocates by remap, which
+    // is correct, and only the checks above apply.
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(b.relocations(), 0U);
+  }
   EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x11, s), 0U);
-  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 2 * MiB, 2 * MiB, 0x22, s), 0U);
+  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 2 * MiB, 30 * MiB, 0x22, s), 0U);
   EXPECT_EQ(b.size(), 32 * MiB);
   EXPECT_EQ(b.capacity(), 32 * MiB);
 }
 
 TEST_F(GrowableBuffer, GrowthByRemapKeepsContentsWithoutCopy) {
   growable_buffer b(0, s);
-  b.reserve(4 * MiB);
-  b.resize(4 * MiB);
-  device_fill(b.data(), 4 * MiB, 0x5A, s);
-  // Nothing free right after the range: growth must move.
+  b.reserve(16 * MiB);
+  b.resize(16 * MiB);
+  device_fill(b.data(), 16 * MiB, 0x5A, s);
+  s.synchronize();
+  // Nothing free right after the range: growth must move. The simulator honours the
+  // hint; a real driver may not (driver 580 on an H200 does not), and then it
+  // ignores the buffer's own in-place hint as well, so growth relocates anyway.
   const auto end = reinterpret_cast<CUdeviceptr>(b.data()) + b.reserved();
   address_blocker block(end, 64 * MiB);
-  ASSERT_EQ(block.p, end) << "could not block the range after the buffer";
-  const std::size_t free_before = device_memory_info(0).free_bytes;
+  if (on_sim()) {
+    ASSERT_EQ(block.p, end) << "could not block the range after the buffer";
+  }
+  const double free_before = free_bytes();
   void* const old = b.data();
-  b.resize(12 * MiB);
+  b.resize(48 * MiB);
+  if (block.p != end && b.relocations() == 0) {
+    // The hint was ignored, yet the driver placed the extension right after the buffer.
+    EXPECT_EQ(b.data(), old);
+    EXPECT_EQ(device_count_mismatches(b.data(), 16 * MiB, 0x5A, s), 0U);
+    GTEST_SKIP() << "the driver ignored the blocker's address hint and grew the buffer in place: "
+                    "the remap path was not exercised";
+  }
   EXPECT_NE(b.data(), old);
   EXPECT_EQ(b.relocations(), 1U);
-  // Only the new 8 MiB were taken from the device: the old 4 MiB were remapped, not copied.
-  EXPECT_EQ(free_before - device_memory_info(0).free_bytes, 8 * MiB);
-  EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x5A, s), 0U);
-  device_fill(static_cast<char*>(b.data()) + 4 * MiB, 8 * MiB, 0x6B, s);
-  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 4 * MiB, 8 * MiB, 0x6B, s), 0U);
+  EXPECT_EQ(b.capacity(), 48 * MiB);
+  // Only the new 32 MiB were taken from the device: the old 16 MiB were remapped, not
+  // copied (a copy would take 48 MiB first).
+  EXPECT_NEAR(free_before - free_bytes(), static_cast<double>(32 * MiB), free_slack());
+  EXPECT_EQ(device_count_mismatches(b.data(), 16 * MiB, 0x5A, s), 0U);
+  device_fill(static_cast<char*>(b.data()) + 16 * MiB, 32 * MiB, 0x6B, s);
+  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 16 * MiB, 32 * MiB, 0x6B, s), 0U);
 }
 
 TEST_F(GrowableBuffer, ShrinkToFitGivesMemoryBack) {
@@ -139,24 +185,30 @@ TEST_F(GrowableBuffer, ShrinkIsOrderedAfterTheStreamsWork) {
 }
 
 TEST_F(GrowableBuffer, DestructionIsOrderedAfterTheStreamsWork) {
-  const std::size_t before = device_memory_info(0).free_bytes;
+  vmm::reclaim(true);  // nothing earlier tests queued is given back in between
+  const double before = free_bytes();
   std::unique_ptr<held_check> check;
+  double held = 0;
   {
-    growable_buffer b(4 * MiB, 0, s);
+    growable_buffer b(64 * MiB, 0, s);
     check = std::make_unique<held_check>(b.data(), 4 * MiB, 0x3D, std::chrono::milliseconds(200), s);
+    held = free_bytes();
   }
   EXPECT_EQ(check->mismatches(), 0U);
   vmm::reclaim();
-  EXPECT_EQ(device_memory_info(0).free_bytes, before);
+  // All 64 MiB came back (free memory moves by a few MiB for the driver's own reasons on a GPU).
+  EXPECT_GE(free_bytes() - held, static_cast<double>(64 * MiB) - free_slack());
+  EXPECT_NEAR(free_bytes(), before, free_slack());
 }
 
 TEST_F(GrowableBuffer, OutOfMemoryMidGrowthLeavesTheBufferIntact) {
   growable_options o;
   o.max_chunk_bytes = 2 * MiB;
+  vmm::reclaim(true);  // what earlier tests queued is not given back by this growth's slow path
   growable_buffer b(0, s, o);
   b.resize(4 * MiB);
   device_fill(b.data(), 4 * MiB, 0x77, s);
-  const std::size_t free_before = device_memory_info(0).free_bytes;
+  const double free_before = free_bytes();
   const std::size_t total = device_memory_info(0).total_bytes;
   try {
     b.resize(total + 4 * MiB);
@@ -166,7 +218,13 @@ TEST_F(GrowableBuffer, OutOfMemoryMidGrowthLeavesTheBufferIntact) {
   }
   EXPECT_EQ(b.size(), 4 * MiB);
   EXPECT_EQ(b.capacity(), 4 * MiB);
-  EXPECT_EQ(device_memory_info(0).free_bytes, free_before);  // every chunk of the failed growth went back
+  // Every chunk of the failed growth went back: exact on the simulator; on a GPU other
+  // resources may give cached memory back under the pressure, so free memory may rise.
+  if (on_sim()) {
+    EXPECT_EQ(free_bytes(), free_before);
+  } else {
+    EXPECT_GE(free_bytes(), free_before - free_slack());
+  }
   EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x77, s), 0U);
   if (on_sim()) {
     // A failure part way: the 3rd new handle fails.
@@ -174,7 +232,7 @@ TEST_F(GrowableBuffer, OutOfMemoryMidGrowthLeavesTheBufferIntact) {
     EXPECT_THROW(b.resize(16 * MiB), out_of_memory);
     sim::fail_nth_allocation(0);
     EXPECT_EQ(b.capacity(), 4 * MiB);
-    EXPECT_EQ(device_memory_info(0).free_bytes, free_before);
+    EXPECT_EQ(free_bytes(), free_before);
     EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x77, s), 0U);
   }
   b.resize(16 * MiB);  // and it still grows
