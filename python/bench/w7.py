@@ -14,7 +14,7 @@ on device 0 and the default stream: a warm-up pass, then calibrated repetitions
 
     python3 python/bench/w7.py [--rows a,b] [--reps 5] [--rep-ms 200] [--json FILE] [--list]
 
-Targets (issue 7): raw DeviceBuffer <= 500 ns, device_array through the plugin <= 20 us.
+Targets: raw DeviceBuffer <= 500 ns, device_array through the plugin <= 20 us.
 On the simulator only the host side is measured: a smoke test, not a GPU figure.
 """
 
