@@ -63,7 +63,8 @@ struct pending_free {
   std::uint64_t sequence = 0;
 };
 
-struct arena {
+// Own cache lines: arenas are written by different threads on every operation.
+struct alignas(64) arena {
   explicit arena(CUstream s) : stream(s) {}
 
   spin_lock lock;

@@ -43,7 +43,7 @@ struct pool_resource::impl {
   void deallocate_foreign(detail::arena& caller, void* ptr, std::size_t bytes);
   bool absorb_pending(detail::arena& a);
   void* take_from_other_arenas(detail::arena& a, std::size_t size, std::size_t requested,
-                               std::size_t alignment, std::size_t need);
+                               std::size_t alignment, std::size_t need, bool wait);
   bool grow(detail::arena& a, std::size_t need);
   void synchronize_and_fence_everything();
   std::size_t release_chunks(bool device_synchronized);

@@ -36,7 +36,7 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
   }
   // 2. Other streams' free memory, ordered by an event wait on the device.
   if (opt.reuse_across_streams) {
-    if (void* p = take_from_other_arenas(a, size, requested, alignment, need)) return p;
+    if (void* p = take_from_other_arenas(a, size, requested, alignment, need, false)) return p;
   }
   // 3. and 4. run under growth_mutex: one thread at a time grows or gives memory
   // back, so no thread releases a chunk another has just grown and not yet carved,
@@ -51,7 +51,7 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
   //    off the hot path), give fully free chunks back, and try everything again.
   synchronize_and_fence_everything();
   if (void* p = try_own()) return p;
-  if (void* p = take_from_other_arenas(a, size, requested, alignment, need)) return p;
+  if (void* p = take_from_other_arenas(a, size, requested, alignment, need, true)) return p;
   release_chunks(true);
   if (grow(a, need)) {
     if (void* p = try_own()) return p;
@@ -133,8 +133,19 @@ bool pool_resource::impl::absorb_pending(arena& a) {
   return absorbed;
 }
 
+// `wait`: false while the pool may still grow. Then taking is opportunistic: an
+// arena whose lock is busy (its own threads are allocating) is passed over and
+// nothing is coalesced for the taker, so a miss on one stream never queues behind
+// other streams' hot paths (W3). When memory is short, every arena is waited for.
 void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, std::size_t requested,
-                                                  std::size_t alignment, std::size_t need) {
+                                                  std::size_t alignment, std::size_t need, bool wait) {
+  auto acquire = [wait](auto& lock) {
+    if (wait) {
+      lock.lock();
+      return true;
+    }
+    return lock.try_lock();
+  };
   std::vector<arena*> others;
   {
     std::shared_lock lock(arenas_mutex);
@@ -146,9 +157,11 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
   for (arena* s : others) {
     chunk* moved = nullptr;
     {
-      std::unique_lock dir(chunks_mutex);
-      std::lock_guard lock(s->lock);
-      flush_quick(*s);
+      std::unique_lock dir(chunks_mutex, std::defer_lock);
+      if (!acquire(dir)) continue;
+      std::unique_lock lock(s->lock, std::defer_lock);
+      if (!acquire(lock)) continue;
+      if (wait) flush_quick(*s);
       for (std::size_t i = 0; i < s->chunks.size(); ++i) {
         chunk* c = s->chunks[i];
         block* f = c->first;
@@ -178,7 +191,8 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
   for (arena* s : others) {
     void* p = nullptr;
     {
-      std::lock_guard lock(s->lock);
+      std::unique_lock lock(s->lock, std::defer_lock);
+      if (!acquire(lock)) continue;
       block* b = s->free.find_if(need, [s](const block* x) { return s->is_fenced(x); });
       if (b != nullptr) p = carve(*s, b, size, requested, alignment, true);
     }
@@ -192,7 +206,8 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
     block* taken = nullptr;
     arena* freed_on = nullptr;
     {
-      std::lock_guard lock(s->lock);
+      std::unique_lock lock(s->lock, std::defer_lock);
+      if (!acquire(lock)) continue;
       for (std::size_t i = 0; i < s->pending.size(); ++i) {
         block* b = s->pending[i].freed;
         if (b->size >= size && b->address % alignment == 0) {
