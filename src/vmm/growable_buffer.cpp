@@ -17,19 +17,7 @@ namespace gpumem {
 namespace {
 
 [[noreturn]] void throw_oom(int device, std::size_t requested, std::size_t held, const std::string& reason) {
-  out_of_memory_info info;
-  info.requested_bytes = requested;
-  info.device = device;
-  info.resource = "growable_buffer";
-  info.resource_held_bytes = held;
-  try {
-    const memory_info m = device_memory_info(device);
-    info.device_free_bytes = m.free_bytes;
-    info.device_total_bytes = m.total_bytes;
-  } catch (...) {
-  }
-  info.reason = reason;
-  throw out_of_memory(std::move(info));
+  detail::vmm::throw_out_of_memory("growable_buffer", device, requested, held, reason);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "driver/driver.hpp"
+#include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 
@@ -202,6 +203,24 @@ bool release_queue::empty() const {
 release_queue& global_release_queue() {
   static release_queue* q = new release_queue();  // never destroyed: entries may outlive statics
   return *q;
+}
+
+void throw_out_of_memory(const char* resource, int device, std::size_t requested, std::size_t held,
+                         const std::string& reason) {
+  out_of_memory_info info;
+  info.requested_bytes = requested;
+  info.device = device;
+  info.resource = resource;
+  info.resource_held_bytes = held;
+  try {
+    const memory_info m = device_memory_info(device);
+    info.device_free_bytes = m.free_bytes;
+    info.device_total_bytes = m.total_bytes;
+  } catch (...) {
+    // The device cannot say: the error still names the request and the reason.
+  }
+  info.reason = reason;
+  throw out_of_memory(std::move(info));
 }
 
 }  // namespace gpumem::detail::vmm

@@ -26,6 +26,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gpumem/stream.hpp"
@@ -89,5 +90,10 @@ class release_queue {
 
 // The process-wide queue (never destroyed).
 release_queue& global_release_queue();
+
+// The out_of_memory the virtual-memory resources throw: what was asked, what the
+// resource holds, what the device has free (when it can say), and why.
+[[noreturn]] void throw_out_of_memory(const char* resource, int device, std::size_t requested,
+                                      std::size_t held, const std::string& reason);
 
 }  // namespace gpumem::detail::vmm

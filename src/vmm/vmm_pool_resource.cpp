@@ -361,19 +361,7 @@ struct vmm_pool_resource::impl {
   std::size_t largest_free() const { return free.empty() ? 0 : free.rbegin()->first; }
 
   [[noreturn]] void throw_oom(std::size_t requested, const std::string& why) {
-    out_of_memory_info info;
-    info.requested_bytes = requested;
-    info.device = device;
-    info.resource = "vmm_pool_resource";
-    info.resource_held_bytes = mapped;
-    try {
-      const memory_info m = device_memory_info(device);
-      info.device_free_bytes = m.free_bytes;
-      info.device_total_bytes = m.total_bytes;
-    } catch (...) {
-    }
-    info.reason = why;
-    throw out_of_memory(std::move(info));
+    vm::throw_out_of_memory("vmm_pool_resource", device, requested, mapped, why);
   }
 };
 
