@@ -65,6 +65,15 @@ class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
   // Waits for the device once (cuCtxSynchronize), then gives back every fully free chunk.
   std::size_t release();
 
+  // The physical pieces under [ptr, ptr + bytes) of a live allocation: each the
+  // address and size of one handle's mapping (cuMemRetainAllocationHandle on the
+  // address gives the handle). For exporting to other processes (IPC).
+  struct physical_piece {
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+  };
+  std::vector<physical_piece> physical_pieces(const void* ptr, std::size_t bytes) const;
+
   vmm_pool_statistics statistics() const;
   const vmm_pool_options& options() const noexcept;
   resource_properties properties() const noexcept override;

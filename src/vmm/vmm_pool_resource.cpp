@@ -484,6 +484,22 @@ std::size_t vmm_pool_resource::release() {
   return impl_->release_free_chunks(0);
 }
 
+std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_pieces(const void* ptr,
+                                                                                  std::size_t bytes) const {
+  const impl& m = *impl_;
+  const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock(m.mutex);
+  auto it = m.blocks.find(at);
+  if (it == m.blocks.end() || it->second.free || bytes == 0 || bytes > it->second.size) {
+    throw logic_error("vmm_pool_resource::physical_pieces: not a live allocation of this pool");
+  }
+  std::vector<physical_piece> out;
+  const std::size_t first = (at - m.base) / m.chunk;
+  const std::size_t last = (at + bytes - 1 - m.base) / m.chunk;
+  for (std::size_t i = first; i <= last; ++i) out.push_back({m.base + i * m.chunk, m.chunk});
+  return out;
+}
+
 vmm_pool_statistics vmm_pool_resource::statistics() const {
   std::lock_guard lock(impl_->mutex);
   vmm_pool_statistics st;
