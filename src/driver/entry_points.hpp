@@ -72,6 +72,24 @@
 //  cuMemSetAccess/GetAccess    a fully mapped range                => per-device access; mapped
 //                              memory is inaccessible until access is set
 //  cuMemRetainAllocationHandle an address inside a mapping         => its handle, one more reference
+//  Kernels (gpumem-bench's W8 only; the library launches none; the simulator answers
+//  CUDA_ERROR_NOT_SUPPORTED):
+//  cuModuleLoadData/Unload     ctx, a PTX or cubin image           => a module of the ctx (PTX is
+//                              compiled by the driver's JIT for the device)
+//  cuModuleGetFunction         valid module, a kernel's name       => the kernel
+//  cuLaunchKernel              ctx, kernel of a module of the ctx  => the kernel queued on the stream
+//  Sharing memory between processes (src/ipc, docs/ipc.md; the simulator's model is in src/sim/sim_ipc.hpp):
+//  cuDeviceGetUuid             valid ordinal                       => the device's identity across processes
+//  cuIpcGetMemHandle           ctx, base of a cuMemAlloc allocation => a handle naming the whole allocation
+//  cuIpcOpenMemHandle          ctx, a handle of another process    => its base mapped here; the same
+//                              handle twice in one process, or in the exporter: an error
+//  cuIpcCloseMemHandle         ctx, a pointer cuIpcOpenMemHandle returned => unmapped
+//  cuMemPoolExportToShareableHandle/ImportFromShareableHandle  a pool created with the POSIX fd
+//                              handle type                         => an fd the caller owns / the pool here
+//  cuMemPoolExportPointer/ImportPointer  the start of a block of an exported pool => 64 bytes / the block
+//                              mapped here (freed with cuMemFree before the exporter frees it)
+//  cuMemExportToShareableHandle/ImportFromShareableHandle  a VMM handle created with the POSIX fd
+//                              handle type                         => an fd the caller owns / a handle here
 #pragma once
 
 #include <cuda.h>
@@ -148,4 +166,18 @@
   X(cuMemUnmap, 10020)                      \
   X(cuMemSetAccess, 10020)                  \
   X(cuMemGetAccess, 10020)                  \
-  X(cuMemRetainAllocationHandle, 11000)
+  X(cuMemRetainAllocationHandle, 11000)     \
+  X(cuModuleLoadData, 2000)                 \
+  X(cuModuleUnload, 2000)                   \
+  X(cuModuleGetFunction, 2000)              \
+  X(cuLaunchKernel, 4000)     \
+  X(cuMemExportToShareableHandle, 10020)    \
+  X(cuMemImportFromShareableHandle, 10020)  \
+  X(cuDeviceGetUuid, 11040)                 \
+  X(cuIpcGetMemHandle, 4010)                \
+  X(cuIpcOpenMemHandle, 11000)              \
+  X(cuIpcCloseMemHandle, 4010)              \
+  X(cuMemPoolExportToShareableHandle, 11020) \
+  X(cuMemPoolImportFromShareableHandle, 11020) \
+  X(cuMemPoolExportPointer, 11020)          \
+  X(cuMemPoolImportPointer, 11020)

@@ -3,6 +3,7 @@
 #include "sim/sim_address_space.hpp"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,7 +101,15 @@ void device_address_space::release_region(CUdeviceptr base, std::size_t footprin
   unmap_locked(base, footprint);
 }
 
+void device_address_space::unshare_locked(CUdeviceptr base, std::size_t footprint) {
+  for (auto it = shared_.lower_bound(base); it != shared_.end() && it->first < base + footprint;) {
+    close(it->second.fd);
+    it = shared_.erase(it);
+  }
+}
+
 void device_address_space::unmap_locked(CUdeviceptr base, std::size_t footprint) {
+  unshare_locked(base, footprint);
   used_ -= footprint;
   // A fresh PROT_NONE mapping over the pages: they fault on use and their
   // memory goes back to the host at once (like MADV_DONTNEED + mprotect, in one call).
@@ -150,7 +159,8 @@ CUresult device_address_space::allocate(std::size_t bytes, allocation_kind kind,
 CUresult device_address_space::free(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
-  if (it == live_.end() || it->second.free_pending || it->second.kind == allocation_kind::stream_ordered) {
+  if (it == live_.end() || it->second.free_pending || it->second.kind == allocation_kind::stream_ordered ||
+      it->second.kind == allocation_kind::ipc_legacy) {  // cuIpcCloseMemHandle's
     return CUDA_ERROR_INVALID_VALUE;
   }
   const std::size_t footprint = it->second.footprint;
@@ -162,7 +172,8 @@ CUresult device_address_space::free(CUdeviceptr base) {
 CUresult device_address_space::mark_free_pending(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
-  if (it == live_.end() || it->second.free_pending || it->second.kind == allocation_kind::stream_ordered) {
+  if (it == live_.end() || it->second.free_pending || it->second.kind == allocation_kind::stream_ordered ||
+      it->second.kind == allocation_kind::ipc_legacy) {  // cuIpcCloseMemHandle's
     return CUDA_ERROR_INVALID_VALUE;
   }
   it->second.free_pending = true;
@@ -198,7 +209,83 @@ std::optional<allocation> device_address_space::remove_block(CUdeviceptr base, c
   }
   allocation a = it->second;
   live_.erase(it);
+  if (auto s = shared_.find(base); s != shared_.end()) {
+    // The block goes back to its pool's segment on private pages again; importers
+    // that still map the memfd keep its pages and cannot touch the pool's.
+    void* at = reinterpret_cast<void*>(base);
+    mmap(at, s->second.footprint, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    close(s->second.fd);
+    shared_.erase(s);
+  }
   return a;
+}
+
+CUresult device_address_space::share(CUdeviceptr base, shared_region* out) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  const allocation& a = it->second;
+  if (a.kind != allocation_kind::synchronous && a.kind != allocation_kind::stream_ordered) return CUDA_ERROR_INVALID_VALUE;
+  if (auto s = shared_.find(base); s != shared_.end()) {
+    *out = s->second;
+    return CUDA_SUCCESS;
+  }
+  const std::size_t footprint = a.footprint;
+  const int fd = memfd_create("gpumem-sim-ipc", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat st {};
+  void* at = reinterpret_cast<void*>(base);
+  // Copy the current contents in, then put the memfd's pages at the same address.
+  std::size_t written = 0;
+  bool ok = ftruncate(fd, static_cast<off_t>(footprint)) == 0 && fstat(fd, &st) == 0;
+  while (ok && written < footprint) {
+    const ssize_t n = pwrite(fd, static_cast<const std::byte*>(at) + written, footprint - written,
+                             static_cast<off_t>(written));
+    if (n <= 0) ok = false; else written += static_cast<std::size_t>(n);
+  }
+  if (!ok || mmap(at, footprint, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  shared_region r;
+  r.fd = fd;
+  r.footprint = footprint;
+  r.inode = static_cast<std::uint64_t>(st.st_ino);
+  r.file_device = static_cast<std::uint64_t>(st.st_dev);
+  shared_.emplace(base, r);
+  *out = r;
+  return CUDA_SUCCESS;
+}
+
+CUresult device_address_space::map_import(int fd, std::size_t bytes, std::size_t footprint, allocation_kind kind,
+                                          CUdeviceptr* out) {
+  CUdeviceptr base = 0;
+  if (CUresult r = reserve_region(footprint, &base); r != CUDA_SUCCESS) return r;
+  if (mmap(reinterpret_cast<void*>(base), footprint, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+      MAP_FAILED) {
+    release_region(base, footprint);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  allocation a;
+  a.base = base;
+  a.size = bytes;
+  a.footprint = footprint;
+  a.device = device_;
+  a.kind = kind;
+  std::lock_guard lock(mutex_);
+  live_.emplace(base, a);
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult device_address_space::unmap_import(CUdeviceptr base, allocation_kind kind) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second.kind != kind) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t footprint = it->second.footprint;
+  live_.erase(it);
+  unmap_locked(base, footprint);
+  return CUDA_SUCCESS;
 }
 
 std::optional<allocation> device_address_space::find(CUdeviceptr p) const {

@@ -33,6 +33,17 @@ enum class allocation_kind {
   synchronous,     // cuMemAlloc
   managed,         // cuMemAllocManaged
   stream_ordered,  // cuMemAllocAsync / cuMemAllocFromPoolAsync: a block of a pool's segment
+  ipc_legacy,      // another process's memory opened with cuIpcOpenMemHandle (sim_ipc.hpp)
+  ipc_pool,        // another process's pool block imported with cuMemPoolImportPointer
+};
+
+// An allocation made shareable for IPC: its pages now live in a memfd of their own
+// (see Note [Shareable simulated memory] in sim_ipc.hpp).
+struct shared_region {
+  int fd = -1;                // the memfd, owned by the address space
+  std::size_t footprint = 0;  // whole pages
+  std::uint64_t inode = 0;    // identifies the memfd to importers (st_dev, st_ino)
+  std::uint64_t file_device = 0;
 };
 
 struct allocation {
@@ -91,6 +102,18 @@ class device_address_space {
   // Removes the live block of `pool` that starts at `base`; nullopt if there is none.
   std::optional<allocation> remove_block(CUdeviceptr base, const sim_pool* pool);
 
+  // ---- IPC (sim_ipc.hpp) ----
+  // Moves the pages of the live allocation starting at `base` (cuMemAlloc or a pool
+  // block) into a memfd of their own, mapped at the same address, once; returns it.
+  // The caller has waited for the device's work. CUDA_ERROR_INVALID_VALUE if `base`
+  // does not start such an allocation.
+  CUresult share(CUdeviceptr base, shared_region* out);
+  // Maps `bytes` of another process's memfd (`fd`, not taken) at a new place in this
+  // device's range as a live allocation of `kind`.
+  CUresult map_import(int fd, std::size_t bytes, std::size_t footprint, allocation_kind kind, CUdeviceptr* out);
+  // Unmaps an imported allocation of `kind` starting at `base`.
+  CUresult unmap_import(CUdeviceptr base, allocation_kind kind);
+
   // The live allocation containing p, if any.
   std::optional<allocation> find(CUdeviceptr p) const;
   // Whether [p, p + bytes) touches this device's reserved range (bytes > 0).
@@ -104,6 +127,9 @@ class device_address_space {
 
  private:
   void unmap_locked(CUdeviceptr base, std::size_t footprint);
+  // Forgets the shared memfds of allocations in [base, base + footprint): their pages
+  // stay with whoever still maps them (importers), this range gets fresh ones.
+  void unshare_locked(CUdeviceptr base, std::size_t footprint);
 
   const int device_;
   const std::size_t capacity_;
@@ -114,6 +140,7 @@ class device_address_space {
   std::map<std::size_t, std::size_t> free_ranges_;  // offset -> length, address order, coalesced
   std::map<CUdeviceptr, allocation> live_;          // base -> allocation
   std::size_t used_ = 0;
+  std::map<CUdeviceptr, shared_region> shared_;    // base -> memfd, for allocations exported
 };
 
 }  // namespace gpumem::detail::simulator

@@ -169,6 +169,20 @@ CUresult device_get_name(char* name, int length, CUdevice device) {
   });
 }
 
+CUresult device_get_uuid(CUuuid* uuid, CUdevice device) {
+  return entry_point([&](sim_state& state) {
+    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (find_device(state, device) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    // The same in every process (the simulated machine's devices): "gpumem-sim-dev" + ordinal.
+    static constexpr char prefix[] = "gpumem-sim-dev";
+    static_assert(sizeof(prefix) - 1 + 2 == sizeof(uuid->bytes));
+    std::memcpy(uuid->bytes, prefix, sizeof(prefix) - 1);
+    uuid->bytes[14] = static_cast<char>((device >> 8) & 0xff);
+    uuid->bytes[15] = static_cast<char>(device & 0xff);
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult device_total_mem(std::size_t* bytes, CUdevice device) {
   return entry_point([&](sim_state& state) {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;

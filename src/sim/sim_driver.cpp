@@ -89,6 +89,20 @@ driver_api build_sim_driver_table() {
   table.cuMemSetAccess = &mem_set_access;
   table.cuMemGetAccess = &mem_get_access;
   table.cuMemRetainAllocationHandle = &mem_retain_allocation_handle;
+  table.cuModuleLoadData = &module_load_data;
+  table.cuModuleUnload = &module_unload;
+  table.cuModuleGetFunction = &module_get_function;
+  table.cuLaunchKernel = &launch_kernel;
+  table.cuMemExportToShareableHandle = &mem_export_to_shareable_handle;
+  table.cuMemImportFromShareableHandle = &mem_import_from_shareable_handle;
+  table.cuDeviceGetUuid = &device_get_uuid;
+  table.cuIpcGetMemHandle = &ipc_get_mem_handle;
+  table.cuIpcOpenMemHandle = &ipc_open_mem_handle;
+  table.cuIpcCloseMemHandle = &ipc_close_mem_handle;
+  table.cuMemPoolExportToShareableHandle = &mem_pool_export_to_shareable_handle;
+  table.cuMemPoolImportFromShareableHandle = &mem_pool_import_from_shareable_handle;
+  table.cuMemPoolExportPointer = &mem_pool_export_pointer;
+  table.cuMemPoolImportPointer = &mem_pool_import_pointer;
 
   // The real loader calls cuInit too; gpumem's driver() does not for either backend.
   if (table.cuInit(0) != CUDA_SUCCESS) {

@@ -17,6 +17,7 @@ CUresult device_get(CUdevice* device, int ordinal);
 CUresult device_get_name(char* name, int length, CUdevice device);
 CUresult device_total_mem(std::size_t* bytes, CUdevice device);
 CUresult device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
+CUresult device_get_uuid(CUuuid* uuid, CUdevice device);
 CUresult device_primary_ctx_retain(CUcontext* context, CUdevice device);
 CUresult ctx_get_current(CUcontext* context);
 CUresult ctx_set_current(CUcontext context);
@@ -97,5 +98,28 @@ CUresult mem_unmap(CUdeviceptr ptr, std::size_t size);
 CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc, std::size_t count);
 CUresult mem_get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
 CUresult mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr);
+CUresult mem_export_to_shareable_handle(void* shareable_handle, CUmemGenericAllocationHandle handle,
+                                        CUmemAllocationHandleType type, unsigned long long flags);
+CUresult mem_import_from_shareable_handle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                          CUmemAllocationHandleType type);
+
+// sim_ipc.cpp
+CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr pointer);
+CUresult ipc_open_mem_handle(CUdeviceptr* pointer, CUipcMemHandle handle, unsigned int flags);
+CUresult ipc_close_mem_handle(CUdeviceptr pointer);
+CUresult mem_pool_export_to_shareable_handle(void* handle_out, CUmemoryPool pool, CUmemAllocationHandleType type,
+                                             unsigned long long flags);
+CUresult mem_pool_import_from_shareable_handle(CUmemoryPool* pool_out, void* handle, CUmemAllocationHandleType type,
+                                               unsigned long long flags);
+CUresult mem_pool_export_pointer(CUmemPoolPtrExportData* data_out, CUdeviceptr pointer);
+CUresult mem_pool_import_pointer(CUdeviceptr* pointer_out, CUmemoryPool pool, CUmemPoolPtrExportData* data);
+
+// sim_module.cpp: modules and kernel launches, which the simulator does not run.
+CUresult module_load_data(CUmodule* module, const void* image);
+CUresult module_unload(CUmodule module);
+CUresult module_get_function(CUfunction* function, CUmodule module, const char* name);
+CUresult launch_kernel(CUfunction f, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
+                       unsigned int block_x, unsigned int block_y, unsigned int block_z,
+                       unsigned int shared_bytes, CUstream stream, void** params, void** extra);
 
 }  // namespace gpumem::detail::simulator

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "sim/sim_entry_points.hpp"
+#include "sim/sim_ipc.hpp"
 #include "sim/sim_memory.hpp"
 #include "sim/sim_state.hpp"
 
@@ -524,6 +525,7 @@ CUresult mem_pool_create(CUmemoryPool* pool, const CUmemPoolProps* props) {
 
 CUresult mem_pool_destroy(CUmemoryPool pool_handle) {
   return entry_point([&](sim_state& state) {
+    if (destroy_imported_pool(pool_handle)) return CUDA_SUCCESS;  // another process's pool (sim_ipc.hpp)
     sim_pool* pool = state.pools.find(pool_handle);
     if (pool == nullptr || pool->is_default()) return CUDA_ERROR_INVALID_VALUE;
     if (!state.pools.remove(pool)) return CUDA_ERROR_INVALID_VALUE;  // a concurrent destroy won

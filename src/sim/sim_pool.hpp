@@ -81,6 +81,7 @@ class sim_pool {
 
   int device() const { return memory_.device(); }
   bool is_default() const { return is_default_; }
+  CUmemAllocationHandleType handle_types() const { return handle_types_; }
   CUmemoryPool handle() { return reinterpret_cast<CUmemoryPool>(this); }
 
   // bytes > 0, out non-null. CUDA_ERROR_OUT_OF_MEMORY when nothing can be reused,

@@ -5,10 +5,14 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <new>
@@ -177,6 +181,27 @@ CUresult vmm_space::create(CUmemGenericAllocationHandle* handle, std::size_t siz
   device_address_space& memory = *devices_[static_cast<std::size_t>(device)];
   if (CUresult r = memory.charge(size); r != CUDA_SUCCESS) return r;
 
+  if (prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    // Shareable: a memfd of its own, which other processes can map (see export_handle).
+    const std::string name = "gpumem-sim-vmm-" + std::to_string(device);
+    const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      if (fd >= 0) close(fd);
+      memory.uncharge(size);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    physical p;
+    p.device = device;
+    p.size = size;
+    p.handle_types = prop->requestedHandleTypes;
+    p.own_fd = fd;
+    std::lock_guard lock(mutex_);
+    const CUmemGenericAllocationHandle h = next_handle_++;
+    handles_.emplace(h, p);
+    *handle = h;
+    return CUDA_SUCCESS;
+  }
+
   std::lock_guard lock(mutex_);
   backing& b = backings_[static_cast<std::size_t>(device)];
   if (b.fd < 0) {
@@ -218,6 +243,13 @@ void vmm_space::destroy_if_unused_locked(CUmemGenericAllocationHandle handle) {
   auto it = handles_.find(handle);
   if (it == handles_.end() || it->second.references != 0 || it->second.mappings != 0) return;
   const physical& p = it->second;
+  if (p.own_fd >= 0) {
+    // The memfd's pages go once no process maps or holds it (importers may still).
+    close(p.own_fd);
+    if (!p.imported) devices_[static_cast<std::size_t>(p.device)]->uncharge(p.size);
+    handles_.erase(it);
+    return;
+  }
   backing& b = backings_[static_cast<std::size_t>(p.device)];
   // The pages go back to the host; the next handle placed there reads zeros.
   fallocate(b.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(p.file_offset),
@@ -249,6 +281,57 @@ CUresult vmm_space::retain(CUmemGenericAllocationHandle* handle, CUdeviceptr ptr
   return CUDA_SUCCESS;
 }
 
+// ---- sharing with other processes ----
+
+CUresult vmm_space::export_handle(void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+                                  unsigned long long flags) {
+  if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard lock(mutex_);
+  physical* p = live_handle(handle);
+  // Only handles created with this handle type can be exported (as with the driver).
+  if (p == nullptr || p->own_fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(p->own_fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;  // out of descriptors
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult vmm_space::import_handle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                  CUmemAllocationHandleType type) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  // A POSIX file descriptor is passed as the pointer's value, as cuda.h says.
+  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  // Only the simulator's own memfds are handles: their name says which device.
+  char link[128] = {};
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(path, link, sizeof link - 1);
+  static constexpr char prefix[] = "/memfd:gpumem-sim-vmm-";
+  if (n <= 0 || std::strncmp(link, prefix, sizeof prefix - 1) != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int device = std::atoi(link + sizeof prefix - 1);
+  struct stat st {};
+  if (device < 0 || static_cast<std::size_t>(device) >= device_count() || fstat(fd, &st) != 0 || st.st_size <= 0 ||
+      !aligned(static_cast<std::size_t>(st.st_size))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // the caller keeps (and closes) its descriptor
+  if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  physical p;
+  p.device = device;
+  p.size = static_cast<std::size_t>(st.st_size);
+  p.handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p.own_fd = own;
+  p.imported = true;
+  std::lock_guard lock(mutex_);
+  const CUmemGenericAllocationHandle h = next_handle_++;
+  handles_.emplace(h, p);
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
 // ---- mappings ----
 
 CUresult vmm_space::map(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
@@ -272,9 +355,10 @@ CUresult vmm_space::map(CUdeviceptr ptr, std::size_t size, std::size_t offset, C
     if (previous->first + previous->second.size > ptr) return CUDA_ERROR_INVALID_VALUE;
   }
   const backing& b = backings_[static_cast<std::size_t>(p->device)];
+  const int fd = p->own_fd >= 0 ? p->own_fd : b.fd;
   void* at = reinterpret_cast<void*>(ptr);
   // PROT_NONE until cuMemSetAccess: as on a GPU, mapped memory is not accessible yet.
-  if (mmap(at, size, PROT_NONE, MAP_SHARED | MAP_FIXED, b.fd, static_cast<off_t>(p->file_offset + offset)) ==
+  if (mmap(at, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(p->file_offset + offset)) ==
       MAP_FAILED) {
     mmap(at, size, PROT_NONE, reserved_flags | MAP_FIXED, -1, 0);
     return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
@@ -436,6 +520,16 @@ CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc
 
 CUresult mem_get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   return entry_point([&](sim_state& state) { return state.vmm->get_access(flags, location, ptr); });
+}
+
+CUresult mem_export_to_shareable_handle(void* shareable_handle, CUmemGenericAllocationHandle handle,
+                                        CUmemAllocationHandleType type, unsigned long long flags) {
+  return entry_point([&](sim_state& state) { return state.vmm->export_handle(shareable_handle, handle, type, flags); });
+}
+
+CUresult mem_import_from_shareable_handle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                          CUmemAllocationHandleType type) {
+  return entry_point([&](sim_state& state) { return state.vmm->import_handle(handle, os_handle, type); });
 }
 
 CUresult mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr) {

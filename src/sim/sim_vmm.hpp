@@ -69,6 +69,14 @@ class vmm_space {
   CUresult set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc, std::size_t count);
   CUresult get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
   CUresult retain(CUmemGenericAllocationHandle* handle, CUdeviceptr ptr);
+  // IPC: a handle created with the POSIX file descriptor type has a memfd of its own
+  // (named for its device); exporting hands out a duplicate, importing makes a handle
+  // over the memfd a descriptor names (not counted against this process's device:
+  // the memory is the exporter's). The memfd lives while any process maps or holds it,
+  // so memory an exporter released stays valid for importers, as with the driver.
+  CUresult export_handle(void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+                         unsigned long long flags);
+  CUresult import_handle(CUmemGenericAllocationHandle* handle, void* os_handle, CUmemAllocationHandleType type);
 
   // Whether [p, p + bytes) touches the virtual-memory address range (bytes > 0).
   bool overlaps(CUdeviceptr p, std::size_t bytes) const;
@@ -90,6 +98,8 @@ class vmm_space {
     unsigned long long handle_types = 0;
     unsigned references = 1;      // cuMemCreate and each retain, less each release
     unsigned mappings = 0;
+    int own_fd = -1;        // shareable handles: their own memfd (file_offset 0)
+    bool imported = false;  // from another process: not counted against a device here
   };
   struct mapping {
     std::size_t size = 0;
