@@ -18,4 +18,5 @@ NB_MODULE(_core, m) {
   gp::bind_streams(m);
   gp::bind_resources(m);
   gp::bind_device_buffer(m);
+  gp::bind_cupy_hook(m);
 }

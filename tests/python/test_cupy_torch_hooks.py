@@ -22,21 +22,22 @@ import gpumem.torch as gtorch
 
 
 class FakeStream:
-    """A CuPy stream of a version without __cuda_stream__: only .ptr."""
+    """A CuPy stream: only .ptr (all gpumem.cupy reads)."""
 
     def __init__(self, ptr):
         self.ptr = ptr
 
 
-class FakeMemory:
-    def __init__(self, size):
-        assert size == 0, "the hook must not ask CuPy itself for device memory"
-        self.ptr, self.size = 0, 0
+class FakeFunctionMemory:
+    """CuPy's PythonFunctionAllocatorMemory: malloc at creation, free when dropped."""
 
+    def __init__(self, size, malloc, free, device_id):
+        self.size, self.device_id, self._free, self.ptr = size, device_id, free, 0
+        self.ptr = malloc(size, device_id) if size > 0 else 0
 
-class FakeUnownedMemory:
-    def __init__(self, ptr, size, owner, device_id=-1):
-        self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+    def __del__(self):
+        if self.ptr:
+            self._free(self.ptr, self.device_id)
 
 
 class FakeMemoryPointer:
@@ -44,16 +45,27 @@ class FakeMemoryPointer:
         self.mem, self.ptr = mem, mem.ptr + offset
 
 
+class FakePythonFunctionAllocator:
+    """cupy.cuda.memory.PythonFunctionAllocator as CuPy 13/14 define it."""
+
+    def __init__(self, malloc_func, free_func):
+        self._malloc, self._free = malloc_func, free_func
+
+    def malloc(self, size):
+        return FakeMemoryPointer(FakeFunctionMemory(size, self._malloc, self._free, state_device[0]), 0)
+
+
+state_device = [0]
+
+
 @pytest.fixture
 def fake_cupy(monkeypatch):
     state = types.SimpleNamespace(device=0, stream=FakeStream(0), allocator=None)
+    state_device[0] = 0
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: state.device),
         get_current_stream=lambda: state.stream,
-        memory=types.SimpleNamespace(
-            Memory=FakeMemory, UnownedMemory=FakeUnownedMemory, MemoryPointer=FakeMemoryPointer
-        ),
+        memory=types.SimpleNamespace(PythonFunctionAllocator=FakePythonFunctionAllocator),
         set_allocator=lambda f: setattr(state, "allocator", f),
     )
     monkeypatch.setitem(sys.modules, "cupy", cupy)
@@ -68,14 +80,24 @@ def test_cupy_allocator_allocates_from_gpumem_on_the_current_stream(fake_cupy, f
     stream = gpumem.Stream()
     state.stream = FakeStream(stream.handle)
     mp = hook.allocator(5000)
-    assert isinstance(mp, FakeMemoryPointer)
-    owner = mp.mem.owner
-    assert isinstance(owner, gpumem.DeviceBuffer)
-    assert mp.ptr == owner.ptr != 0
+    assert mp.ptr != 0 and mp.ptr % 256 == 0
     assert mp.mem.size == 5000 and mp.mem.device_id == 0
-    assert owner.stream == stream.handle
-    assert fresh_pool.statistics()["allocations"] == 1
-    del mp, owner
+    stats = fresh_pool.statistics()
+    assert stats["allocations"] == 1 and stats["streams"] == 1  # on CuPy's stream
+    assert hook.hook.live_allocations() == 1
+    del mp
+    gc.collect()
+    assert fresh_pool.statistics()["allocations"] == 0
+    assert hook.hook.live_allocations() == 0
+
+
+def test_cupy_allocations_do_not_overlap(fake_cupy, fresh_pool):
+    hook, _ = fake_cupy
+    held = [hook.allocator(size) for size in (1, 300, 5000, 1 << 20, 7)]
+    spans = sorted((mp.ptr, mp.ptr + mp.mem.size) for mp in held)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert fresh_pool.statistics()["allocations"] == len(held)
+    del held
     gc.collect()
     assert fresh_pool.statistics()["allocations"] == 0
 
@@ -94,33 +116,50 @@ def test_cupy_stream_object_lives_until_the_free(fake_cupy):
     assert ref() is None
 
 
-def test_cupy_stream_with_the_protocol_is_passed_through(fake_cupy):
+def test_cupy_default_stream_objects_are_not_kept(fake_cupy):
     hook, state = fake_cupy
-    stream = gpumem.Stream()
-    state.stream = stream  # has __cuda_stream__
-    assert hook.allocator(100).mem.owner.stream == stream.handle
+    ref = weakref.ref(state.stream)  # ptr 0: the legacy default stream
+    mp = hook.allocator(100)
+    state.stream = FakeStream(0)
+    gc.collect()
+    assert ref() is None
+    del mp
 
 
-def test_cupy_zero_size_is_cupy_s_empty_memory(fake_cupy, fresh_pool):
+def test_cupy_zero_size_allocates_nothing(fake_cupy, fresh_pool):
     hook, _ = fake_cupy
     mp = hook.allocator(0)
-    assert isinstance(mp.mem, FakeMemory) and mp.ptr == 0
+    assert mp.ptr == 0
     assert fresh_pool.statistics()["allocations"] == 0
+    assert hook.hook.malloc(0, 0) == 0
+
+
+def test_cupy_out_of_memory_raises(fake_cupy):
+    hook, _ = fake_cupy
+    with pytest.raises(MemoryError):
+        hook.allocator(1 << 62)
+    assert hook.hook.live_allocations() == 0
+
+
+def test_cupy_foreign_free_is_reported_not_raised(fake_cupy, capfd):
+    hook, _ = fake_cupy
+    hook.hook.free(0x1000, 0)
+    assert "which gpumem.cupy did not allocate" in capfd.readouterr().err
 
 
 def test_cupy_device_follows_cupy(fake_cupy):
     if gpumem.device_count() < 2:
         pytest.skip("needs two devices")
     hook, state = fake_cupy
-    state.device = 1
+    state_device[0] = 1
     mp = hook.allocator(4096)
-    assert mp.mem.device_id == 1 and mp.mem.owner.device == 1
+    assert mp.mem.device_id == 1
 
 
 def test_use_gpumem_for_cupy(fake_cupy):
     hook, state = fake_cupy
     hook.use_gpumem_for_cupy()
-    assert state.allocator is hook.allocator
+    assert state.allocator == hook.allocator
 
 
 # ---- PyTorch ----------------------------------------------------------------------
