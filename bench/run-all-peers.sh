@@ -18,6 +18,9 @@
 # always writes its tables and charts. Exit status: 0 when every part succeeded,
 # 1 otherwise (the summary lists the parts that did not).
 #
+# PARTS="versions W3 W6 W8" runs only the named parts (see `parts` below), reusing what
+# an earlier run left in WORK_DIR: a way to split the set over runs with time limits.
+#
 # For a dry run of the script itself where there is no GPU: BENCH_BACKEND=sim runs
 # gpumem-bench on the simulator, BENCH_QUICK=1 makes every measurement short.
 set -uo pipefail
@@ -40,15 +43,21 @@ summary="$out/summary.txt"
 failures=()
 
 # Planned seconds per part, in order; a part may use what earlier parts left.
-parts=(versions unpack build build-rmm build-torch build-python trace-torch trace-pipeline W1 W2 W3 W4 W5 python)
+parts=(versions unpack build build-rmm build-torch build-python trace-torch trace-pipeline W1 W2 W3 W4 W5 W6 W8 python)
 declare -A plan=([versions]=5 [unpack]=10 [build]=110 [build-rmm]=20 [build-torch]=30 [build-python]=30
-                 [trace-torch]=30 [trace-pipeline]=20 [W1]=25 [W2]=30 [W3]=70 [W4]=25 [W5]=40 [python]=85)
+                 [trace-torch]=30 [trace-pipeline]=20 [W1]=25 [W2]=30 [W3]=70 [W4]=25 [W5]=40 [W6]=30
+                 [W8]=40 [python]=85)
+# PARTS="W3 W6 W8": run only those parts (a later run over the same WORK_DIR reuses its
+# builds), so that the whole set can be split over runs that each fit a time limit.
+# Empty: every part.
+only=" ${PARTS:-${parts[*]}} "
+selected() { [[ "$only" == *" $1 "* ]]; }
 
 # Seconds the part may take now: the time left, less what later parts are promised.
 allowance() {
   local name="$1" later=0 seen=0 p
   for p in "${parts[@]}"; do
-    if [ "$seen" = 1 ]; then later=$((later + plan[$p])); fi
+    if [ "$seen" = 1 ] && selected "$p"; then later=$((later + plan[$p])); fi
     [ "$p" = "$name" ] && seen=1
   done
   local left=$((deadline - $(date +%s) - later))
@@ -60,6 +69,7 @@ allowance() {
 # logs/NAME.log (and on the terminal), and records how it went.
 part() {
   local name="$1"; shift
+  selected "$name" || return 0
   local allowed; allowed=$(allowance "$name")
   local t0; t0=$(date +%s)
   echo "== $name (up to ${allowed} s)" >&2
@@ -170,8 +180,12 @@ if [ -x "$bench" ]; then
   part W3 run_bench W3 --cell-budget-s 5
   part W4 run_bench W4
   part W5 run_bench W5 --cell-budget-s 5 --traces "$root/bench/traces,$out/traces"
+  part W6 run_bench W6 --cell-budget-s 8
+  part W8 run_bench W8 --cell-budget-s 5
 else
-  for w in W1 W2 W3 W4 W5; do failures+=("$w: not run, gpumem-bench was not built"); done
+  for w in W1 W2 W3 W4 W5 W6 W8; do
+    selected "$w" && failures+=("$w: not run, gpumem-bench was not built")
+  done
 fi
 
 # ---- the peers from Python ---------------------------------------------------------
@@ -186,7 +200,7 @@ part python python3 "$root/bench/python/peers.py" --reps 3 --rep-ms 50 --cell-bu
   echo "######## tables ########"
   cat "$out/versions.txt"
   header_printed=0
-  for w in W1 W2 W3 W4 W5; do
+  for w in W1 W2 W3 W4 W5 W6 W8; do
     [ -f "$logs/$w.log" ] || continue
     if [ "$header_printed" = 0 ] && grep -q '^gpumem-bench [0-9]' "$logs/$w.log"; then
       sed -n '/^gpumem-bench [0-9]/,$p' "$logs/$w.log"  # the run's header once: device, driver, peers
