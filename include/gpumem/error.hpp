@@ -3,6 +3,9 @@
 //    driver_unavailable is the cuda_error for "no usable driver or GPU here".
 //  - out_of_memory: a request could not be satisfied (derives from std::bad_alloc).
 //  - logic_error: the caller misused the API (bad size, alignment, pointer, stream, device).
+//  - ipc_error: sharing memory between processes failed for a reason other than a
+//    driver call (docs/ipc.md): memory that cannot be exported, malformed handle bytes,
+//    a descriptor that cannot be had, a device not visible here.
 // A resource that throws any of them stays usable.
 #pragma once
 
@@ -65,6 +68,23 @@ class GPUMEM_EXPORT out_of_memory : public std::bad_alloc {
 class GPUMEM_EXPORT logic_error : public std::logic_error {
  public:
   using std::logic_error::logic_error;
+};
+
+enum class ipc_errc {
+  not_exportable,      // managed, host or non-shareable memory: the message says what to configure
+  malformed_handle,    // bytes that are not a gpumem handle: truncated, forged, another version
+  same_process,        // imported in the process that exported it
+  device_not_visible,  // the exporter's device (by UUID) is not visible in this process
+  descriptor_unavailable,  // pidfd_getfd or the descriptor channel could not supply a descriptor
+};
+
+class GPUMEM_EXPORT ipc_error : public std::runtime_error {
+ public:
+  ipc_error(ipc_errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  ipc_errc code() const noexcept { return code_; }
+
+ private:
+  ipc_errc code_;
 };
 
 }  // namespace gpumem

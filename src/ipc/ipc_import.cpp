@@ -1,0 +1,273 @@
+// import_allocation and ipc_mapping: maps another process's memory here, by kind
+// (docs/ipc.md, "Importing").
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "driver/driver.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/ipc_fd_channel.hpp"
+#include "ipc/ipc_access.hpp"
+#include "text.hpp"
+
+namespace gpumem {
+namespace {
+
+using detail::ipc_access;
+using detail::throw_ipc;
+
+// Note [One open per process]
+// The driver refuses to open one legacy handle twice in a process
+// (CUDA_ERROR_ALREADY_MAPPED), and a legacy handle names a whole cuMemAlloc allocation,
+// so two sub-allocations of one pool chunk share it. Imported pools are likewise
+// imported once per exporter pool. Both are counted here, process-wide: the first
+// import opens, the last close closes.
+struct legacy_entry {
+  CUdeviceptr base = 0;
+  unsigned references = 0;
+};
+struct pool_entry {
+  CUmemoryPool pool = nullptr;
+  unsigned references = 0;
+};
+struct import_cache {
+  std::mutex mutex;
+  std::map<std::array<std::byte, sizeof(CUipcMemHandle)>, legacy_entry> legacy;
+  std::map<std::pair<pid_t, std::uint64_t>, pool_entry> pools;  // (exporter pid, exporter pool id)
+};
+
+import_cache& cache() {
+  static auto* c = new import_cache;  // never destroyed: mappings may outlive static destruction
+  return *c;
+}
+
+int local_device(const ipc_handle& h) {
+  const int count = device_count();
+  for (int d = 0; d < count; ++d) {
+    if (detail::device_uuid(d) == h.device_uuid()) return d;
+  }
+  throw_ipc(ipc_errc::device_not_visible,
+            "gpumem::import_allocation: the exporter's device (its ordinal " + std::to_string(h.device()) +
+                " there) is not visible in this process (CUDA_VISIBLE_DEVICES?)");
+}
+
+// A descriptor of the handle's piece `i` usable here: the one it holds, or one taken
+// from the exporter with pidfd_getfd (owned: `*owned` says to close it).
+int descriptor(const ipc_handle& h, std::size_t i, bool* owned) {
+  const auto& piece = ipc_access::pieces(h)[i];
+  if (piece.fd >= 0) {
+    *owned = false;
+    return piece.fd;
+  }
+  *owned = true;
+  return pidfd_get_fd(h.exporter_pid(), piece.remote_fd);
+}
+
+struct scoped_fd {
+  int fd;
+  bool owned;
+  ~scoped_fd() {
+    if (owned && fd >= 0) ::close(fd);
+  }
+};
+
+ipc_mapping import_legacy(const ipc_handle& h, int device) {
+  std::array<std::byte, sizeof(CUipcMemHandle)> key{};
+  std::memcpy(key.data(), h.driver_bytes().data(), key.size());
+  import_cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  auto [it, inserted] = c.legacy.try_emplace(key);
+  if (inserted) {
+    CUipcMemHandle handle{};
+    std::memcpy(&handle, key.data(), key.size());
+    const detail::device_context_guard guard(device);
+    CUdeviceptr base = 0;
+    const CUresult r = detail::driver().cuIpcOpenMemHandle(&base, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (r != CUDA_SUCCESS) {
+      c.legacy.erase(it);
+      detail::check(r, "cuIpcOpenMemHandle", __FILE__, __LINE__);
+    }
+    it->second.base = base;
+  }
+  ++it->second.references;
+  return ipc_access::make_mapping(reinterpret_cast<void*>(it->second.base + h.offset()), h.size(), device,
+                                  ipc_kind::legacy, it->second.base, 0, reinterpret_cast<std::uintptr_t>(&it->second));
+}
+
+ipc_mapping import_pool(const ipc_handle& h, int device) {
+  const auto pool_id = static_cast<std::uint64_t>(ipc_access::pieces(h)[0].bytes);
+  import_cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  auto [it, inserted] = c.pools.try_emplace(std::make_pair(h.exporter_pid(), pool_id));
+  pool_entry& entry = it->second;
+  const detail::device_context_guard guard(device);
+  if (inserted) {
+    try {
+      bool owned = false;
+      const int fd = descriptor(h, 0, &owned);
+      const scoped_fd hold{fd, owned};
+      // A POSIX file descriptor is passed as the pointer's value (cuda.h).
+      GPUMEM_CU(cuMemPoolImportFromShareableHandle, &entry.pool, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    } catch (...) {
+      c.pools.erase(it);
+      throw;
+    }
+  }
+  CUmemPoolPtrExportData data{};
+  std::memcpy(&data, h.driver_bytes().data(), sizeof data);
+  CUdeviceptr block = 0;
+  if (CUresult r = detail::driver().cuMemPoolImportPointer(&block, entry.pool, &data); r != CUDA_SUCCESS) {
+    if (entry.references == 0) {
+      detail::driver().cuMemPoolDestroy(entry.pool);
+      c.pools.erase(it);
+    }
+    detail::check(r, "cuMemPoolImportPointer", __FILE__, __LINE__);
+  }
+  ++entry.references;
+  return ipc_access::make_mapping(reinterpret_cast<void*>(block + h.offset()), h.size(), device, ipc_kind::pool,
+                                  block, 0, reinterpret_cast<std::uintptr_t>(&entry));
+}
+
+ipc_mapping import_vmm(const ipc_handle& h, int device) {
+  const auto& pieces = ipc_access::pieces(h);
+  std::size_t total = 0;
+  for (const auto& p : pieces) total += p.bytes;
+  const detail::device_context_guard guard(device);
+  CUdeviceptr base = 0;
+  GPUMEM_CU(cuMemAddressReserve, &base, total, 0, 0, 0);
+  std::size_t mapped = 0;
+  auto undo = [&] {
+    if (mapped > 0) detail::driver().cuMemUnmap(base, mapped);
+    detail::driver().cuMemAddressFree(base, total);
+  };
+  try {
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      bool owned = false;
+      const int fd = descriptor(h, i, &owned);
+      const scoped_fd hold{fd, owned};
+      CUmemGenericAllocationHandle handle = 0;
+      GPUMEM_CU(cuMemImportFromShareableHandle, &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      const CUresult r = detail::driver().cuMemMap(base + mapped, pieces[i].bytes, 0, handle, 0);
+      detail::driver().cuMemRelease(handle);  // the mapping holds the memory now
+      detail::check(r, "cuMemMap", __FILE__, __LINE__);
+      mapped += pieces[i].bytes;
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    GPUMEM_CU(cuMemSetAccess, base, total, &access, 1);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  return ipc_access::make_mapping(reinterpret_cast<void*>(base + h.offset()), h.size(), device, ipc_kind::vmm, base,
+                                  total, 0);
+}
+
+}  // namespace
+
+namespace detail {
+
+void ipc_unmap(ipc_kind kind, int device, std::uintptr_t base, std::size_t mapped_bytes, std::uintptr_t cache_key) {
+  const device_context_guard guard(device);
+  // Work queued on the mapping finishes before it goes (as a free is ordered after it).
+  GPUMEM_CU(cuCtxSynchronize);
+  switch (kind) {
+    case ipc_kind::legacy: {
+      import_cache& c = cache();
+      std::lock_guard lock(c.mutex);
+      auto* entry = reinterpret_cast<legacy_entry*>(cache_key);
+      if (--entry->references > 0) return;
+      for (auto it = c.legacy.begin(); it != c.legacy.end(); ++it) {
+        if (&it->second == entry) {
+          c.legacy.erase(it);
+          break;
+        }
+      }
+      GPUMEM_CU(cuIpcCloseMemHandle, static_cast<CUdeviceptr>(base));
+      return;
+    }
+    case ipc_kind::pool: {
+      GPUMEM_CU(cuMemFree, static_cast<CUdeviceptr>(base));
+      import_cache& c = cache();
+      std::lock_guard lock(c.mutex);
+      auto* entry = reinterpret_cast<pool_entry*>(cache_key);
+      if (--entry->references > 0) return;
+      const CUmemoryPool pool = entry->pool;
+      for (auto it = c.pools.begin(); it != c.pools.end(); ++it) {
+        if (&it->second == entry) {
+          c.pools.erase(it);
+          break;
+        }
+      }
+      GPUMEM_CU(cuMemPoolDestroy, pool);
+      return;
+    }
+    case ipc_kind::vmm:
+      GPUMEM_CU(cuMemUnmap, static_cast<CUdeviceptr>(base), mapped_bytes);
+      GPUMEM_CU(cuMemAddressFree, static_cast<CUdeviceptr>(base), mapped_bytes);
+      return;
+  }
+}
+
+}  // namespace detail
+
+ipc_mapping import_allocation(const ipc_handle& h) {
+  if (h.size() == 0) throw logic_error("gpumem::import_allocation: an empty handle");
+  if (h.exporter_pid() == getpid()) {
+    throw_ipc(ipc_errc::same_process,
+              "gpumem::import_allocation: the handle was exported by this process; use the pointer itself "
+              "(the driver cannot open its own process's memory)");
+  }
+  const int device = local_device(h);
+  switch (h.kind()) {
+    case ipc_kind::legacy: return import_legacy(h, device);
+    case ipc_kind::pool: return import_pool(h, device);
+    case ipc_kind::vmm: return import_vmm(h, device);
+  }
+  throw_ipc(ipc_errc::malformed_handle, "gpumem::import_allocation: unknown kind");
+}
+
+ipc_mapping::~ipc_mapping() {
+  if (ptr_ == nullptr) return;
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpumem: closing an IPC mapping at %s failed: %s\n", detail::pointer_text(ptr_).c_str(),
+                 e.what());
+  }
+}
+
+ipc_mapping::ipc_mapping(ipc_mapping&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      size_(other.size_),
+      device_(other.device_),
+      kind_(other.kind_),
+      base_(other.base_),
+      mapped_bytes_(other.mapped_bytes_),
+      cache_key_(other.cache_key_) {}
+
+ipc_mapping& ipc_mapping::operator=(ipc_mapping&& other) noexcept {
+  if (this != &other) {
+    this->~ipc_mapping();
+    new (this) ipc_mapping(std::move(other));
+  }
+  return *this;
+}
+
+void ipc_mapping::close() {
+  if (ptr_ == nullptr) return;
+  ptr_ = nullptr;  // closed (or abandoned) even if the driver refuses
+  detail::ipc_unmap(kind_, device_, base_, mapped_bytes_, cache_key_);
+}
+
+}  // namespace gpumem
