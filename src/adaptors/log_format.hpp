@@ -1,10 +1,12 @@
 // The CSV event log's rows (docs/observability.md, "The log format"): the one
-// place that writes them, for the logging adaptor and tracking snapshots.
+// place that writes them, for the logging adaptor and tracking snapshots, and
+// the one that splits them again (gpumem-replay, gpumem-report, the tests).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace gpumem::detail {
 
@@ -34,5 +36,35 @@ struct log_row {
 void append_log_row(std::string& out, const log_row& row);
 
 const char* to_string(log_outcome o) noexcept;
+
+// The fields of one CSV line as append_log_row writes them: commas separate,
+// double quotes quote, "" inside quotes is a quote; a trailing CR is dropped.
+inline std::vector<std::string> split_log_fields(std::string_view line) {
+  std::vector<std::string> out;
+  std::string field;
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        field.push_back('"');
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        field.push_back(c);
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.push_back(std::move(field));
+      field.clear();
+    } else if (c != '\r') {
+      field.push_back(c);
+    }
+  }
+  out.push_back(std::move(field));
+  return out;
+}
 
 }  // namespace gpumem::detail

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "adaptors/log_format.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/memory_resource.hpp"
@@ -79,31 +80,7 @@ class scripted_resource final : public memory_resource {
 using csv_row = std::map<std::string, std::string>;
 
 inline std::vector<std::string> split_csv_line(const std::string& line) {
-  std::vector<std::string> out;
-  std::string field;
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        field.push_back('"');
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        field.push_back(c);
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      out.push_back(field);
-      field.clear();
-    } else {
-      field.push_back(c);
-    }
-  }
-  out.push_back(field);
-  return out;
+  return detail::split_log_fields(line);
 }
 
 struct csv_file {

@@ -1,6 +1,8 @@
 // Reading the CSV event log (event_log_reader.hpp).
 #include "common/event_log_reader.hpp"
 
+#include "adaptors/log_format.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -8,33 +10,7 @@
 
 namespace gpumem::tools {
 
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> out;
-  std::string field;
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        field.push_back('"');
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        field.push_back(c);
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      out.push_back(std::move(field));
-      field.clear();
-    } else if (c != '\r') {
-      field.push_back(c);
-    }
-  }
-  out.push_back(std::move(field));
-  return out;
-}
+std::vector<std::string> split_csv(const std::string& line) { return detail::split_log_fields(line); }
 
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

@@ -102,9 +102,13 @@ TEST(Replay, KeepsTheOrderOfManyThreadsAndStreams) {
     std::vector<std::pair<void*, std::size_t>> handoff;
     std::vector<std::thread> workers;
     std::atomic<std::size_t> count{0};
+    // All alive until every thread is done: a stream destroyed early could hand its
+    // handle to the next one made, and the log would show fewer streams.
+    std::vector<stream> streams;
+    for (int t = 0; t < 4; ++t) streams.emplace_back(0);
     for (int t = 0; t < 4; ++t) {
       workers.emplace_back([&, t] {
-        stream mine(0);
+        stream& mine = streams[static_cast<std::size_t>(t)];
         std::mt19937 rng(static_cast<unsigned>(t + 1));
         std::vector<std::pair<void*, std::size_t>> held;
         for (int i = 0; i < 500; ++i) {
