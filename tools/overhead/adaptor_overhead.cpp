@@ -29,50 +29,18 @@
 #include "gpumem/device.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/stream.hpp"
+#include "workloads/random_ops.hpp"
 
 namespace {
 
-struct op {
-  std::uint32_t bytes;  // 0: free live[index]
-  std::uint32_t index;
-};
+using gpumem::bench::random_op;
 
-// As bench/workloads/w2_random.cpp: mt19937_64 seeded with 1, plain arithmetic.
-std::vector<op> make_ops(std::size_t count, std::size_t max_bytes) {
-  std::mt19937_64 rng(1);
-  std::vector<op> ops;
-  std::size_t live = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    const bool allocate = live == 0 || (live < 1000 && (rng() >> 63) == 0);
-    if (allocate) {
-      ops.push_back({static_cast<std::uint32_t>(1 + rng() % max_bytes), 0});
-      ++live;
-    } else {
-      ops.push_back({0, static_cast<std::uint32_t>(rng() % live)});
-      --live;
-    }
-  }
-  return ops;
-}
-
-double run_once(gpumem::memory_resource& mr, gpumem::stream& s, const std::vector<op>& ops) {
-  std::vector<std::pair<void*, std::size_t>> live;
-  live.reserve(1000);
+// W2's sequence (bench/workloads/random_ops.hpp, seed 1) and one timed replay: ns per op.
+double run_once(gpumem::memory_resource& mr, gpumem::stream& s, const std::vector<random_op>& ops) {
+  gpumem::bench::live_allocations live;
+  live.reserve(gpumem::bench::random_max_live);
   const auto t0 = std::chrono::steady_clock::now();
-  for (const op& o : ops) {
-    if (o.bytes != 0) {
-      live.emplace_back(mr.allocate(o.bytes, s), o.bytes);
-    } else {
-      mr.deallocate(live[o.index].first, live[o.index].second, s);
-      live[o.index] = live.back();
-      live.pop_back();
-    }
-  }
-  while (!live.empty()) {
-    mr.deallocate(live.back().first, live.back().second, s);
-    live.pop_back();
-  }
-  s.synchronize();
+  gpumem::bench::replay_random_ops(mr, s, ops, live);
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(ops.size());
 }
@@ -134,7 +102,7 @@ int main(int argc, char** argv) {
   }
 
   for (std::size_t max_bytes : {std::size_t{4} << 10, std::size_t{4} << 20}) {
-    const std::vector<op> ops = make_ops(op_count, max_bytes);
+    const std::vector<random_op> ops = gpumem::bench::make_random_ops(op_count, max_bytes, 1);
     std::vector<std::vector<double>> samples(rows.size());
     gpumem::stream s(0);
     std::vector<std::shared_ptr<gpumem::memory_resource>> subjects;
