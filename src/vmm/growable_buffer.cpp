@@ -3,6 +3,9 @@
 #include "gpumem/vmm/growable_buffer.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -20,6 +23,37 @@ namespace {
   detail::vmm::throw_out_of_memory("growable_buffer", device, requested, held, reason);
 }
 
+// Addresses every growable_buffer of the process holds (reserved, mapped or not),
+// and how much of them a buffer may add by default (growable_options::address_bytes).
+constexpr std::size_t default_address_budget = std::size_t{16} << 40;
+std::atomic<std::size_t> addresses_held{0};
+
+CUdeviceptr take_addresses(int device, std::size_t bytes, CUdeviceptr hint = 0) {
+  const CUdeviceptr p = detail::vmm::reserve(device, bytes, hint);
+  if (p != 0) addresses_held.fetch_add(bytes, std::memory_order_relaxed);
+  return p;
+}
+
+void give_back_addresses(int device, CUdeviceptr base, std::size_t bytes) {
+  detail::vmm::free_addresses(device, base, bytes);
+  addresses_held.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+// The device's memory size (cuDeviceTotalMem), cached per device.
+std::size_t device_memory_bytes(int device) {
+  static std::array<std::atomic<std::size_t>, 64> cache{};
+  const bool cached = device >= 0 && static_cast<std::size_t>(device) < cache.size();
+  if (cached) {
+    if (std::size_t b = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed)) return b;
+  }
+  CUdevice d = 0;
+  GPUMEM_CU(cuDeviceGet, &d, device);
+  std::size_t bytes = 0;
+  GPUMEM_CU(cuDeviceTotalMem, &bytes, d);
+  if (cached) cache[static_cast<std::size_t>(device)].store(bytes, std::memory_order_relaxed);
+  return bytes;
+}
+
 }  // namespace
 
 growable_buffer::growable_buffer(int device, stream_view stream, growable_options options)
@@ -29,6 +63,7 @@ growable_buffer::growable_buffer(int device, stream_view stream, growable_option
   for (int peer : options_.peer_devices) detail::validate_device(peer, "growable_buffer peer_devices");
   options_.min_chunk_bytes = detail::vmm::round_up(std::max(options_.min_chunk_bytes, granularity_), granularity_);
   options_.max_chunk_bytes = std::max(detail::vmm::round_up(options_.max_chunk_bytes, granularity_), options_.min_chunk_bytes);
+  options_.address_bytes = detail::vmm::round_up(std::min(options_.address_bytes, SIZE_MAX / 4), granularity_);
   if (stream_.handle() != nullptr && stream_.handle() != CU_STREAM_LEGACY && stream_.handle() != CU_STREAM_PER_THREAD &&
       stream_.device() != device_) {
     throw logic_error("growable_buffer: the stream belongs to device " + std::to_string(stream_.device()) +
@@ -89,25 +124,43 @@ void growable_buffer::resize(std::size_t bytes) {
 
 // Note [Growing the address range]
 // The buffer's addresses are one or more reservations back to back from base_.
-// To grow, it first asks for the range right after the last one (an address hint:
-// the driver may place it elsewhere, then it is given back), so data() stays. Else
-// it reserves a new range of the full size, maps every existing handle there at the
-// same offset (the same physical memory: the contents are there, nothing is
-// copied), sets access once, and only then queues the old mappings' unmap behind
-// the stream's work: kernels already queued may still use the old addresses.
-// Reservations grow by doubling, so relocations are logarithmic in the final size.
+// The first one is large: growable_options::address_bytes, by default the device's
+// memory size, which no growth can exceed. Addresses cost nothing until mapped, and
+// a driver that ignores address hints (driver 580 on an H200 does) would otherwise
+// make every growth past the range a relocation: every handle mapped again and its
+// access set again (cuMemSetAccess costs 25-60 us per handle there) and the old
+// mappings unmapped: doubling from 2 MiB to 4 GiB relocated at every step, paying
+// for 66 remapped handles that mapping into one pre-reserved range never pays
+// for (W6 measured it at 1.13x of that range). Only while the process's buffers hold
+// more than default_address_budget of addresses does a new buffer reserve just
+// what it needs, so that thousands of buffers cannot exhaust the address space
+// that every other allocation needs too.
+//
+// Past the range (reserve() beyond it, or a small address_bytes), the buffer first
+// asks for the range right after the last one (an address hint: the driver may
+// place it elsewhere, then it is given back), so data() stays. Else it reserves a
+// new range of the full size, maps every existing handle there at the same offset
+// (the same physical memory: the contents are there, nothing is copied), sets
+// access once, and only then queues the old mappings' unmap behind the stream's
+// work: kernels already queued may still use the old addresses. Reservations grow
+// by doubling, so relocations are logarithmic in the final size.
 void growable_buffer::ensure_addresses(std::size_t bytes) {
   if (bytes > SIZE_MAX / 2) throw_oom(device_, bytes, mapped_, "larger than any address range");
   const std::size_t need = detail::vmm::round_up(bytes, granularity_);
   if (need <= reserved_) return;
   detail::vmm::global_release_queue().poll();
-  const std::size_t target = std::max(need, detail::vmm::round_up(reserved_ * 2, granularity_));
 
   if (base_ == 0) {
-    CUdeviceptr p = detail::vmm::reserve(device_, target);
+    std::size_t first = options_.address_bytes;
+    if (first == 0) {
+      first = detail::vmm::round_up(device_memory_bytes(device_), granularity_);
+      if (addresses_held.load(std::memory_order_relaxed) + first > default_address_budget) first = need;
+    }
+    const std::size_t target = std::max(need, first);
+    CUdeviceptr p = take_addresses(device_, target);
     std::size_t got = target;
     if (p == 0 && target != need) {
-      p = detail::vmm::reserve(device_, need);
+      p = take_addresses(device_, need);
       got = need;
     }
     if (p == 0) throw_oom(device_, bytes, mapped_, "no address range of that size is free");
@@ -117,26 +170,27 @@ void growable_buffer::ensure_addresses(std::size_t bytes) {
     return;
   }
 
+  const std::size_t target = std::max(need, detail::vmm::round_up(reserved_ * 2, granularity_));
   // In place: right after the current range.
   for (std::size_t want : {target, need}) {
     const std::size_t extra = want - reserved_;
     const CUdeviceptr end = base_ + reserved_;
-    const CUdeviceptr p = detail::vmm::reserve(device_, extra, end);
+    const CUdeviceptr p = take_addresses(device_, extra, end);
     if (p == end) {
       ranges_.push_back({p, extra});
       reserved_ = want;
       return;
     }
-    if (p != 0) detail::vmm::free_addresses(device_, p, extra);
+    if (p != 0) give_back_addresses(device_, p, extra);
     if (want == need) break;
   }
 
   // Elsewhere: a fresh range, the same physical memory mapped there.
   std::size_t got = target;
-  CUdeviceptr fresh = detail::vmm::reserve(device_, target);
+  CUdeviceptr fresh = take_addresses(device_, target);
   if (fresh == 0) {
     got = need;
-    fresh = detail::vmm::reserve(device_, need);
+    fresh = take_addresses(device_, need);
   }
   if (fresh == 0) throw_oom(device_, bytes, mapped_, "no address range of that size is free");
   std::size_t offset = 0;
@@ -153,7 +207,7 @@ void growable_buffer::ensure_addresses(std::size_t bytes) {
       detail::vmm::unmap(device_, fresh + undo, c.bytes);
       undo += c.bytes;
     }
-    detail::vmm::free_addresses(device_, fresh, got);
+    give_back_addresses(device_, fresh, got);
     throw;
   }
   // The old addresses go once the work queued on the stream so far is done.
@@ -167,7 +221,7 @@ void growable_buffer::ensure_addresses(std::size_t bytes) {
       detail::vmm::unmap(device, at, c.bytes);
       at += c.bytes;
     }
-    for (const range& r : old_ranges) detail::vmm::free_addresses(device, r.base, r.bytes);
+    for (const range& r : old_ranges) give_back_addresses(device, r.base, r.bytes);
   };
   // Shrinks of the old range queued earlier on the stream run before its addresses are freed.
   pending_->move_into(detail::vmm::global_release_queue());
@@ -279,7 +333,7 @@ void growable_buffer::give_back_everything() noexcept {
       detail::vmm::release(device, c.handle);
       p += c.bytes;
     }
-    for (const range& r : ranges) detail::vmm::free_addresses(device, r.base, r.bytes);
+    for (const range& r : ranges) give_back_addresses(device, r.base, r.bytes);
   };
   try {
     // Earlier shrinks of this range first: queued ahead, on the same stream.

@@ -1,5 +1,5 @@
-// growable_buffer and device_vector (docs/vmm.md): growth in place and by remap
-// keeps contents without a copy, shrink gives memory back after the stream's
+// growable_buffer and device_vector (docs/vmm.md): the first reservation covers
+// the device (no relocation), growth in place and by remap keeps contents without a copy, shrink gives memory back after the stream's
 // work, a released tail faults, out-of-memory mid-growth leaves the buffer as it
 // was, and peer access.
 #include <gtest/gtest.h>
@@ -67,8 +67,65 @@ TEST_F(GrowableBuffer, ReserveTakesAddressesOnly) {
   EXPECT_EQ(device_memory_info(0).free_bytes, before);
 }
 
-TEST_F(GrowableBuffer, GrowthInPlaceKeepsContentsAndAddress) {
+TEST_F(GrowableBuffer, FirstReservationCoversTheDeviceSoGrowthNeverMoves) {
   growable_buffer b(0, s);
+  b.resize(2 * MiB);
+  // The default first reservation is the device's memory size: no growth can pass it.
+  EXPECT_GE(b.reserved(), device_memory_info(0).total_bytes);
+  device_fill(b.data(), 2 * MiB, 0x31, s);
+  void* const first = b.data();
+  for (std::size_t n = 4 * MiB; n <= 64 * MiB; n *= 2) {
+    b.resize(n);
+    device_fill(static_cast<char*>(b.data()) + n / 2, n / 2, 0x32, s);
+  }
+  // On every driver, whether or not it honours address hints: no relocation.
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(b.relocations(), 0U);
+  EXPECT_EQ(b.capacity(), 64 * MiB);
+  EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x31, s), 0U);
+  EXPECT_EQ(device_count_mismatches(static_cast<char*>(b.data()) + 2 * MiB, 62 * MiB, 0x32, s), 0U);
+  // Shrinking gives the memory back and keeps the addresses: it grows again in place.
+  s.synchronize();
+  const double free_before = free_bytes();
+  b.resize(3 * MiB);
+  b.shrink_to_fit();  // the stream is idle: given back at once
+  EXPECT_LT(b.capacity(), 64 * MiB);
+  EXPECT_GE(b.capacity(), 3 * MiB);
+  EXPECT_NEAR(free_bytes() - free_before, static_cast<double>(64 * MiB - b.capacity()), free_slack());
+  EXPECT_GE(b.reserved(), device_memory_info(0).total_bytes);
+  EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x31, s), 0U);
+  b.resize(128 * MiB);
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(b.relocations(), 0U);
+  EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x31, s), 0U);
+}
+
+TEST_F(GrowableBuffer, AddressBytesSetsTheFirstReservation) {
+  growable_options o;
+  o.address_bytes = 8 * MiB - 1;  // rounded up to the granularity
+  growable_buffer b(0, s, o);
+  b.resize(2 * MiB);
+  EXPECT_EQ(b.reserved(), 8 * MiB);
+  void* const first = b.data();
+  device_fill(b.data(), 2 * MiB, 0x41, s);
+  b.resize(8 * MiB);  // within the reservation: no new addresses, no move
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(b.relocations(), 0U);
+  EXPECT_EQ(b.reserved(), 8 * MiB);
+  b.resize(10 * MiB);  // past it: in place where the driver honours the hint, else relocated
+  EXPECT_GE(b.reserved(), 16 * MiB);
+  EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x41, s), 0U);
+  // A reservation asked for beyond address_bytes is taken whole on an empty buffer.
+  growable_buffer c(0, s, o);
+  c.reserve(32 * MiB);
+  EXPECT_EQ(c.reserved(), 32 * MiB);
+  EXPECT_EQ(c.capacity(), 0U);
+}
+
+TEST_F(GrowableBuffer, GrowthInPlaceKeepsContentsAndAddress) {
+  growable_options o;
+  o.address_bytes = 2 * MiB;  // a small first range, so that growth has to extend it
+  growable_buffer b(0, s, o);
   b.resize(2 * MiB);
   device_fill(b.data(), 2 * MiB, 0x11, s);
   void* const first = b.data();
@@ -109,8 +166,11 @@ TEST_F(GrowableBuffer, GrowthInPlaceKeepsContentsAndAddress) {
 }
 
 TEST_F(GrowableBuffer, GrowthByRemapKeepsContentsWithoutCopy) {
-  growable_buffer b(0, s);
+  growable_options o;
+  o.address_bytes = 16 * MiB;  // a range that growth outgrows
+  growable_buffer b(0, s, o);
   b.reserve(16 * MiB);
+  ASSERT_EQ(b.reserved(), 16 * MiB);
   b.resize(16 * MiB);
   device_fill(b.data(), 16 * MiB, 0x5A, s);
   s.synchronize();

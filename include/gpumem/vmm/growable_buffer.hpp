@@ -1,11 +1,13 @@
 // growable_buffer: device memory that grows like std::vector without a copy and
 // without ever holding old and new memory at once (docs/vmm.md).
 //
-// reserve() takes addresses only; resize() maps physical memory at the end. When
-// the address range is full, the buffer first tries to extend it in place (a
-// reservation right after it, asked for with an address hint), else reserves a
-// larger range elsewhere and maps the same physical memory there: the contents
-// stay, nothing is copied, data() changes. shrink_to_fit() gives the unused tail
+// reserve() takes addresses only; resize() maps physical memory at the end. The
+// first reservation covers the device's whole memory (growable_options::
+// address_bytes), so growth never needs more addresses unless asked to reserve
+// more. When the address range is full, the buffer first tries to extend it in
+// place (a reservation right after it, asked for with an address hint), else
+// reserves a larger range elsewhere and maps the same physical memory there: the
+// contents stay, nothing is copied, data() changes. shrink_to_fit() gives the unused tail
 // back to the device. Memory is unmapped only after the work queued on the
 // buffer's stream before the call is complete (never a device synchronisation).
 //
@@ -38,6 +40,14 @@ struct growable_options {
   // whole handles only, so set both to the granularity for the finest shrinking.
   std::size_t min_chunk_bytes = 0;
   std::size_t max_chunk_bytes = std::size_t{1} << 30;
+  // Addresses reserved at the first growth (or reserve()): at least this many, so
+  // the buffer grows to this size without ever moving. 0: the device's memory
+  // size, which no growth can exceed (addresses are cheap; physical memory is
+  // mapped only as the buffer grows). While the buffers of the process together
+  // hold more than 16 TiB of addresses, a new buffer reserves only what it needs
+  // (and then relocates as it grows past it), so that many buffers cannot use up
+  // the device's address space.
+  std::size_t address_bytes = 0;
   // Devices besides the owner that get read/write access (no cuCtxEnablePeerAccess needed).
   std::vector<int> peer_devices;
   // Request POSIX-file-descriptor shareable handles (for IPC).
