@@ -1,0 +1,359 @@
+// Sharing memory between processes: for every kind of gpumem memory, a child process
+// imports what the parent exported, reads the parent's bytes, writes its own, and the
+// parent sees them; bad handles give typed errors; descriptors travel over a socket or
+// by pidfd_getfd. Runs on the GPU when there is one, else on the simulator.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "driver/driver.hpp"
+#include "gpumem/async_resource.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/ipc.hpp"
+#include "gpumem/ipc_fd_channel.hpp"
+#include "gpumem/managed_resource.hpp"
+#include "gpumem/pinned_host_resource.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "gpumem/stream.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+#include "ipc/ipc_child.hpp"
+
+namespace {
+
+using gpumem_test::child_byte;
+using gpumem_test::parent_byte;
+
+void write_pattern(void* p, std::size_t n) {
+  std::vector<std::uint8_t> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = parent_byte(i);
+  const gpumem::detail::device_context_guard guard(0);
+  GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(p), reinterpret_cast<CUdeviceptr>(host.data()), n);
+}
+
+// Bytes of p that are not what the child writes.
+std::size_t child_mismatches(const void* p, std::size_t n) {
+  std::vector<std::uint8_t> host(n);
+  const gpumem::detail::device_context_guard guard(0);
+  GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(p), n);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += host[i] != child_byte(i);
+  return bad;
+}
+
+// Starts this binary as the importing child (fork + exec: the child starts a fresh
+// driver), sends it the handle (with its descriptors unless `send_descriptors` is
+// false), and returns its report and exit status.
+struct child_report {
+  std::string text;
+  int status = -1;
+};
+
+child_report run_child(const char* mode, const gpumem::ipc_handle& handle, bool send_descriptors = true) {
+  auto [mine, theirs] = gpumem::ipc_fd_channel::make_pair();
+  constexpr int child_fd = 100;
+  const std::string fd_text = std::to_string(child_fd);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    dup2(theirs.native_handle(), child_fd);  // dup2 clears close-on-exec
+    const char* args[] = {"gpumem_ipc_tests", "--gpumem-ipc-child", mode, fd_text.c_str(), nullptr};
+    execv("/proc/self/exe", const_cast<char* const*>(args));
+    _exit(127);
+  }
+  EXPECT_GT(pid, 0);
+  theirs = gpumem::ipc_fd_channel(-1);
+  const std::vector<std::byte> bytes = handle.serialize();
+  if (send_descriptors) {
+    mine.send(bytes, handle.descriptors());
+  } else {
+    mine.send(bytes);
+  }
+  child_report report;
+  try {
+    auto reply = mine.receive();
+    report.text.assign(reinterpret_cast<const char*>(reply.bytes.data()), reply.bytes.size());
+  } catch (const gpumem::ipc_error& e) {
+    report.text = std::string("no reply: ") + e.what();
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  report.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return report;
+}
+
+// Export `bytes` at `p` of `mr`, let a child read and write them, check the parent sees it.
+void round_trip(const gpumem::memory_resource& mr, void* p, std::size_t bytes, gpumem::ipc_kind kind,
+                const char* mode = "channel", bool send_descriptors = true) {
+  write_pattern(p, bytes);
+  gpumem::ipc_handle handle = gpumem::export_allocation(mr, p, bytes);
+  EXPECT_EQ(handle.kind(), kind);
+  EXPECT_EQ(handle.size(), bytes);
+  EXPECT_EQ(handle.exporter_pid(), getpid());
+  const child_report report = run_child(mode, handle, send_descriptors);
+  if (report.text.rfind("skip: ", 0) == 0) GTEST_SKIP() << report.text;
+  ASSERT_EQ(report.text, "ok");
+  EXPECT_EQ(report.status, 0);
+  EXPECT_EQ(child_mismatches(p, bytes), 0u);
+}
+
+TEST(Ipc, CudaResourceLegacyHandle) {
+  gpumem::cuda_resource mr{0};
+  gpumem::stream s{0};
+  const std::size_t n = 300000;
+  void* p = mr.allocate(n, s);
+  s.synchronize();
+  round_trip(mr, p, n, gpumem::ipc_kind::legacy);
+  mr.deallocate(p, n, s);
+}
+
+TEST(Ipc, PoolSubAllocationCarriesItsOffset) {
+  gpumem::cuda_resource upstream{0};
+  gpumem::pool_resource pool{upstream, {.initial_bytes = 8 << 20}};
+  gpumem::stream s{0};
+  void* first = pool.allocate(1 << 20, s);
+  void* second = pool.allocate(123456, s);
+  s.synchronize();
+  CUdeviceptr base = 0;
+  {
+    const gpumem::detail::device_context_guard guard(0);
+    GPUMEM_CU(cuMemGetAddressRange, &base, nullptr, reinterpret_cast<CUdeviceptr>(second));
+  }
+  gpumem::ipc_handle handle = gpumem::export_allocation(pool, second, 123456);
+  EXPECT_EQ(handle.offset(), reinterpret_cast<CUdeviceptr>(second) - base);
+  round_trip(pool, second, 123456, gpumem::ipc_kind::legacy);
+  round_trip(pool, first, 1 << 20, gpumem::ipc_kind::legacy);
+  pool.deallocate(second, 123456, s);
+  pool.deallocate(first, 1 << 20, s);
+}
+
+TEST(Ipc, ShareableDriverPool) {
+  gpumem::async_resource mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
+  gpumem::stream s{0};
+  const std::size_t n = 1 << 20;
+  void* p = mr.allocate(n, s);
+  s.synchronize();
+  round_trip(mr, p, n, gpumem::ipc_kind::pool);
+  mr.deallocate(p, n, s);
+}
+
+TEST(Ipc, ShareableVmmPoolAcrossChunks) {
+  gpumem::vmm_pool_resource mr{0, {.posix_fd_shareable = true}};
+  gpumem::stream s{0};
+  void* small = mr.allocate(4096, s);
+  const std::size_t n = (5 << 20) + 1000;  // spans three 2 MiB chunks, starts inside the first
+  void* p = mr.allocate(n, s);
+  s.synchronize();
+  gpumem::ipc_handle handle = gpumem::export_allocation(mr, p, n);
+  EXPECT_GE(handle.descriptor_count(), 3u);
+  round_trip(mr, p, n, gpumem::ipc_kind::vmm);
+  mr.deallocate(p, n, s);
+  mr.deallocate(small, 4096, s);
+}
+
+TEST(Ipc, DescriptorsTakenWithPidfdGetfd) {
+  gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
+  gpumem::vmm_pool_resource vmm_mr{0, {.posix_fd_shareable = true}};
+  gpumem::stream s{0};
+  void* a = pool_mr.allocate(65536, s);
+  void* b = vmm_mr.allocate(3 << 20, s);
+  s.synchronize();
+  round_trip(pool_mr, a, 65536, gpumem::ipc_kind::pool, "pidfd", false);
+  round_trip(vmm_mr, b, 3 << 20, gpumem::ipc_kind::vmm, "pidfd", false);
+  pool_mr.deallocate(a, 65536, s);
+  vmm_mr.deallocate(b, 3 << 20, s);
+}
+
+TEST(Ipc, ImporterThatDiesWithoutClosingLeavesThePoolIntact) {
+  gpumem::cuda_resource upstream{0};
+  gpumem::pool_resource pool{upstream, {.initial_bytes = 4 << 20}};
+  gpumem::stream s{0};
+  const std::size_t n = 200000;
+  void* p = pool.allocate(n, s);
+  void* neighbour = pool.allocate(n, s);
+  s.synchronize();
+  write_pattern(neighbour, n);
+  round_trip(pool, p, n, gpumem::ipc_kind::legacy, "crash");
+  // The pool goes on: the neighbour is untouched, memory is reused and freed normally.
+  std::vector<std::uint8_t> host(n);
+  {
+    const gpumem::detail::device_context_guard guard(0);
+    GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(neighbour), n);
+  }
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], parent_byte(i)) << i;
+  pool.deallocate(p, n, s);
+  void* again = pool.allocate(n, s);
+  write_pattern(again, n);
+  pool.deallocate(again, n, s);
+  pool.deallocate(neighbour, n, s);
+  s.synchronize();
+}
+
+TEST(Ipc, HandleOfAFreedAllocationDoesNotOpen) {
+  gpumem::cuda_resource mr{0};
+  gpumem::stream s{0};
+  const std::size_t n = 65536;
+  void* p = mr.allocate(n, s);
+  s.synchronize();
+  gpumem::ipc_handle handle = gpumem::export_allocation(mr, p, n);
+  mr.deallocate(p, n, s);
+  s.synchronize();
+  const child_report report = run_child("expect-error", handle);
+  EXPECT_EQ(report.text.rfind("ok typed: ", 0), 0u) << report.text;
+}
+
+TEST(Ipc, ImportInTheExportingProcessIsRefused) {
+  gpumem::cuda_resource mr{0};
+  gpumem::stream s{0};
+  void* p = mr.allocate(4096, s);
+  s.synchronize();
+  gpumem::ipc_handle handle = gpumem::export_allocation(mr, p, 4096);
+  try {
+    gpumem::import_allocation(handle);
+    ADD_FAILURE() << "imported in the exporting process";
+  } catch (const gpumem::ipc_error& e) {
+    EXPECT_EQ(e.code(), gpumem::ipc_errc::same_process);
+  }
+  mr.deallocate(p, 4096, s);
+}
+
+gpumem::ipc_errc deserialize_error(std::span<const std::byte> bytes) {
+  try {
+    gpumem::ipc_handle::deserialize(bytes);
+  } catch (const gpumem::ipc_error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "deserialized bad bytes";
+  return gpumem::ipc_errc::same_process;
+}
+
+TEST(Ipc, TruncatedForgedAndForeignBytesAreRejected) {
+  gpumem::cuda_resource mr{0};
+  gpumem::stream s{0};
+  void* p = mr.allocate(4096, s);
+  s.synchronize();
+  const std::vector<std::byte> good = gpumem::export_allocation(mr, p, 4096).serialize();
+  const gpumem::ipc_handle back = gpumem::ipc_handle::deserialize(good);
+  EXPECT_EQ(back.kind(), gpumem::ipc_kind::legacy);
+  EXPECT_EQ(back.size(), 4096u);
+  EXPECT_EQ(back.exporter_pid(), getpid());
+  EXPECT_EQ(back.serialize(), good);
+
+  for (std::size_t cut = 0; cut < good.size(); ++cut) {
+    EXPECT_EQ(deserialize_error(std::span(good).first(cut)), gpumem::ipc_errc::malformed_handle) << cut;
+  }
+  for (std::size_t i = 0; i < good.size(); ++i) {  // any single flipped byte
+    std::vector<std::byte> forged = good;
+    forged[i] ^= std::byte{0x40};
+    EXPECT_EQ(deserialize_error(forged), gpumem::ipc_errc::malformed_handle) << i;
+  }
+  std::vector<std::byte> longer = good;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(deserialize_error(longer), gpumem::ipc_errc::malformed_handle);
+  const std::vector<std::byte> garbage(200, std::byte{0x5a});
+  EXPECT_EQ(deserialize_error(garbage), gpumem::ipc_errc::malformed_handle);
+  // Descriptors that do not match the kind's count are refused (and closed).
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  close(pipe_fds[1]);
+  const int extra[] = {pipe_fds[0]};
+  EXPECT_THROW(gpumem::ipc_handle::deserialize(good, extra), gpumem::ipc_error);
+  EXPECT_EQ(fcntl(pipe_fds[0], F_GETFD), -1);  // closed by deserialize
+  mr.deallocate(p, 4096, s);
+}
+
+template <class F>
+void expect_not_exportable(F&& f, const char* hint) {
+  try {
+    f();
+    ADD_FAILURE() << "exported";
+  } catch (const gpumem::ipc_error& e) {
+    EXPECT_EQ(e.code(), gpumem::ipc_errc::not_exportable);
+    EXPECT_NE(std::string(e.what()).find(hint), std::string::npos) << e.what();
+  }
+}
+
+TEST(Ipc, MemoryThatCannotBeSharedSaysWhatToConfigure) {
+  gpumem::stream s{0};
+  gpumem::managed_resource managed{0};
+  void* m = managed.allocate(4096, s);
+  expect_not_exportable([&] { gpumem::export_allocation(managed, m, 4096); }, "managed memory");
+  expect_not_exportable([&] { gpumem::export_allocation(m, 4096); }, "managed memory");
+  managed.deallocate(m, 4096, s);
+
+  gpumem::pinned_host_resource pinned;
+  void* h = pinned.allocate(4096, s);
+  expect_not_exportable([&] { gpumem::export_allocation(pinned, h, 4096); }, "host memory");
+  pinned.deallocate(h, 4096, s);
+
+  gpumem::async_resource private_pool{0};
+  void* a = private_pool.allocate(4096, s);
+  expect_not_exportable([&] { gpumem::export_allocation(private_pool, a, 4096); }, "posix_file_descriptor");
+  expect_not_exportable([&] { gpumem::export_allocation(a, 4096); }, "posix_file_descriptor");
+  private_pool.deallocate(a, 4096, s);
+
+  gpumem::vmm_pool_resource private_vmm{0};
+  void* v = private_vmm.allocate(4096, s);
+  expect_not_exportable([&] { gpumem::export_allocation(private_vmm, v, 4096); }, "posix_fd_shareable");
+  expect_not_exportable([&] { gpumem::export_allocation(v, 4096); }, "posix_fd_shareable");
+  private_vmm.deallocate(v, 4096, s);
+  s.synchronize();
+}
+
+TEST(IpcFdChannel, PassesBytesAndDescriptors) {
+  auto [a, b] = gpumem::ipc_fd_channel::make_pair();
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const std::string text = "descriptors";
+  a.send(std::span(reinterpret_cast<const std::byte*>(text.data()), text.size()), std::span(&pipe_fds[1], 1));
+  close(pipe_fds[1]);
+  auto m = b.receive();
+  ASSERT_EQ(m.descriptors.size(), 1u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.bytes.data()), m.bytes.size()), text);
+  ASSERT_EQ(write(m.descriptors[0], "x", 1), 1);  // the received descriptor is the pipe's write end
+  close(m.descriptors[0]);
+  char c = 0;
+  ASSERT_EQ(read(pipe_fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  close(pipe_fds[0]);
+  // A closed peer is a typed error, not a hang or a crash.
+  a = gpumem::ipc_fd_channel(-1);
+  EXPECT_THROW(b.receive(), gpumem::ipc_error);
+}
+
+TEST(IpcPidfd, TakesADescriptorOrSaysWhy) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  int fd = -1;
+  try {
+    fd = gpumem::pidfd_get_fd(getpid(), pipe_fds[1]);
+  } catch (const gpumem::ipc_error& e) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    GTEST_SKIP() << "pidfd_getfd is not available here: " << e.what();
+  }
+  ASSERT_EQ(write(fd, "y", 1), 1);
+  char c = 0;
+  ASSERT_EQ(read(pipe_fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y');
+  close(fd);
+  close(pipe_fds[1]);
+  constexpr int unused = 987;  // a number nothing here opens (low numbers get reused at once)
+  ASSERT_EQ(fcntl(unused, F_GETFD), -1);
+  try {
+    gpumem::pidfd_get_fd(getpid(), unused);
+    ADD_FAILURE() << "took a closed descriptor";
+  } catch (const gpumem::ipc_error& e) {
+    EXPECT_EQ(e.code(), gpumem::ipc_errc::descriptor_unavailable);
+    EXPECT_NE(std::string(e.what()).find("no longer holds"), std::string::npos) << e.what();
+  }
+  close(pipe_fds[0]);
+}
+
+}  // namespace
