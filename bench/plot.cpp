@@ -133,9 +133,80 @@ struct range {
   bool empty() const { return !(lo <= hi); }
 };
 
+// A horizontal bar chart: names on the left, bars from 0, the value at each bar's
+// end, a dashed line at the reference.
+std::string render_bars(const chart& c) {
+  constexpr double name_width = 300, bar_height = 18, bar_step = 26;
+  const double notes_height = note_line * static_cast<double>(c.notes.size());
+  const double plot_left = name_width, plot_right = width - 80, plot_top = margin_top;
+  const double plot_bottom = plot_top + bar_step * static_cast<double>(c.bars.size()) + 8;
+  const double total_height = plot_bottom + 56 + notes_height;
+  double hi = 0;
+  for (const bar& b : c.bars) {
+    if (std::isfinite(b.value)) hi = std::max(hi, b.value);
+  }
+  if (std::isfinite(c.bar_reference)) hi = std::max(hi, c.bar_reference);
+  if (!(hi > 0)) hi = 1;
+  std::vector<double> ticks = linear_ticks(0, hi);
+  const double step = ticks.size() > 1 ? ticks[1] - ticks[0] : hi;
+  if (ticks.empty() || ticks.back() < hi - step * 1e-9) ticks.push_back((ticks.empty() ? 0 : ticks.back()) + step);
+  hi = std::max(hi, ticks.back());
+  auto px = [&](double v) { return plot_left + std::clamp(v, 0.0, hi) / hi * (plot_right - plot_left); };
+
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << num(total_height)
+    << "\" viewBox=\"0 0 " << width << " " << num(total_height) << "\" font-family=\"Helvetica, Arial, sans-serif\">\n"
+    << "<title>" << xml(c.title) << "</title>\n"
+    << "<style>.t{font-size:17px;font-weight:bold}.s{font-size:12px;fill:#555}"
+       ".k{font-size:11px;fill:#333}.l{font-size:12px;fill:#222}.n{font-size:11px;fill:#666}"
+       ".g{stroke:#e3e3e3;stroke-width:1}.a{stroke:#444;stroke-width:1}</style>\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text class=\"t\" x=\"16\" y=\"26\">" << xml(c.title) << "</text>\n"
+    << "<text class=\"s\" x=\"16\" y=\"46\">" << xml(c.subtitle) << "</text>\n";
+  for (double t : ticks) {
+    const double x = px(t);
+    o << "<line class=\"g\" x1=\"" << num(x) << "\" x2=\"" << num(x) << "\" y1=\"" << num(plot_top)
+      << "\" y2=\"" << num(plot_bottom) << "\"/>"
+      << "<text class=\"k\" text-anchor=\"middle\" x=\"" << num(x) << "\" y=\"" << num(plot_bottom + 16)
+      << "\">" << xml(tick_label(t)) << "</text>\n";
+  }
+  for (std::size_t i = 0; i < c.bars.size(); ++i) {
+    const bar& b = c.bars[i];
+    const double y = plot_top + 4 + bar_step * static_cast<double>(i);
+    const double end = std::isfinite(b.value) ? px(b.value) : plot_left;
+    const char* fill = b.emphasis ? palette[0] : palette[9];
+    o << "<text class=\"l\" text-anchor=\"end\" x=\"" << num(plot_left - 8) << "\" y=\""
+      << num(y + bar_height - 5) << "\">" << xml(b.name) << "</text>"
+      << "<rect x=\"" << num(plot_left) << "\" y=\"" << num(y) << "\" width=\"" << num(end - plot_left)
+      << "\" height=\"" << num(bar_height) << "\" fill=\"" << fill << "\"><title>" << xml(b.name) << ": "
+      << xml(tick_label(b.value)) << "</title></rect>"
+      << "<text class=\"k\" x=\"" << num(end + 4) << "\" y=\"" << num(y + bar_height - 5) << "\">"
+      << xml(tick_label(b.value)) << "</text>\n";
+  }
+  if (std::isfinite(c.bar_reference)) {
+    const double x = px(c.bar_reference);
+    o << "<line x1=\"" << num(x) << "\" x2=\"" << num(x) << "\" y1=\"" << num(plot_top - 6) << "\" y2=\""
+      << num(plot_bottom) << "\" stroke=\"#111\" stroke-width=\"1.4\" stroke-dasharray=\"5 4\"/>\n";
+  }
+  o << "<line class=\"a\" x1=\"" << num(plot_left) << "\" x2=\"" << num(plot_right) << "\" y1=\""
+    << num(plot_bottom) << "\" y2=\"" << num(plot_bottom) << "\"/>"
+    << "<line class=\"a\" x1=\"" << num(plot_left) << "\" x2=\"" << num(plot_left) << "\" y1=\""
+    << num(plot_top) << "\" y2=\"" << num(plot_bottom) << "\"/>\n"
+    << "<text class=\"l\" text-anchor=\"middle\" x=\"" << num((plot_left + plot_right) / 2) << "\" y=\""
+    << num(plot_bottom + 38) << "\">" << xml(c.x_label) << "</text>\n";
+  for (std::size_t i = 0; i < c.notes.size(); ++i) {
+    o << "<text class=\"n\" x=\"16\" y=\""
+      << num(total_height - 10 - note_line * static_cast<double>(c.notes.size() - 1 - i)) << "\">"
+      << xml(c.notes[i]) << "</text>\n";
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
 }  // namespace
 
 std::string render_svg(const chart& c) {
+  if (!c.bars.empty()) return render_bars(c);
   // Data ranges, in axis units (log2 of the value on a log axis).
   range xr, yr;
   for (const series& s : c.lines) {

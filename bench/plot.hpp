@@ -5,10 +5,12 @@
 // A workload says what to draw by overriding workload::charts(): lines over
 // numeric x, one per subject (W3: throughput against threads; W6, when it comes:
 // time against size) or one per curve its cells recorded (W5: reserved bytes
-// over a trace). lines_over_columns() builds the first kind from a table.
+// over a trace). lines_over_columns() builds the first kind from a table. A
+// chart with bars is a horizontal bar chart, one bar per row (W8).
 #pragma once
 
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -22,6 +24,13 @@ namespace gpumem::bench {
 // that span decades (ticks at 1, 2, 5 x 10^k).
 enum class axis_scale { linear, log2, log10 };
 
+// One bar of a bar chart (W8: a row's ratio).
+struct bar {
+  std::string name;
+  double value = 0;
+  bool emphasis = false;  // gpumem's rows
+};
+
 struct chart {
   std::string file;      // file name in the plot folder, e.g. "W3-threads.svg"
   std::string title;     // first line of the heading
@@ -34,6 +43,11 @@ struct chart {
   // evenly spaced round numbers.
   std::vector<std::pair<double, std::string>> x_ticks;
   std::vector<series> lines;
+  // A bar chart instead, when not empty: one horizontal bar per entry, top to
+  // bottom, on a linear axis from 0 labelled x_label (x_scale, y_* and lines unused).
+  std::vector<bar> bars;
+  // Where a bar chart draws a dashed reference line (W8: 1, no interference); NaN: none.
+  double bar_reference = std::numeric_limits<double>::quiet_NaN();
   std::vector<std::string> notes;  // small print under the plot
 };
 

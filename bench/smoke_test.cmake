@@ -1,7 +1,8 @@
 # ctest gpumem_bench_smoke: gpumem-bench --quick on W3 and W5 (three rows, the
 # logs in bench/traces) with --plot and --json, then checks that it exited 0,
 # that every chart is a complete SVG with a line in it, and that the JSON names
-# both workloads. Run by ctest with GPUMEM_BACKEND=sim; BENCH and OUT are given.
+# both workloads; then W8, whose cells the simulator skips. Run by ctest with
+# GPUMEM_BACKEND=sim; BENCH and OUT are given.
 file(REMOVE_RECURSE "${OUT}")
 file(MAKE_DIRECTORY "${OUT}")
 execute_process(
@@ -42,3 +43,17 @@ foreach(key "\"id\": \"W3\"" "\"id\": \"W5\"" "\"curves\": [")
   endif()
 endforeach()
 message(STATUS "gpumem-bench smoke run: ${n} charts, JSON with W3 and W5")
+
+# W8 launches kernels, which the simulator does not run: its cells are skipped,
+# saying why, and the run still succeeds.
+execute_process(
+  COMMAND "${BENCH}" --quick --workloads W8 --subjects "gpumem pool_resource"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "gpumem-bench --workloads W8 exited ${rc}\n${stdout}\n${stderr}")
+endif()
+string(FIND "${stdout}" "needs a GPU (kernels)" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "W8 on the simulator does not say that it needs a GPU:\n${stdout}")
+endif()
+message(STATUS "gpumem-bench smoke run: W8 skipped on the simulator, saying why")

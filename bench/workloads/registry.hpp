@@ -13,5 +13,6 @@ const workload& w3_threads();
 const workload& w4_fragmentation();
 const workload& w5_replay();
 const workload& w6_grow();
+const workload& w8_free_sync();
 
 }  // namespace gpumem::bench
