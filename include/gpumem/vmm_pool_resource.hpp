@@ -1,9 +1,11 @@
 // vmm_pool_resource: a stream-ordered pool that does not fail for fragmentation
 // (docs/vmm.md). One large address reservation per pool; physical memory in
-// chunks mapped on demand under the blocks handed out; when the device has no
-// physical memory left for a request, free chunks from anywhere in the pool are
-// unmapped and mapped under the request's addresses, so an allocation fails only
-// if the device and the pool together lack the physical memory.
+// handles sized to each growth, mapped on demand under the blocks handed out;
+// when the device has no physical memory left for a request, free handles from
+// anywhere in the pool are mapped under the request's addresses (their old
+// mappings are unmapped later, off the request's path), so an allocation fails
+// only if the device and the pool together lack the physical memory. A
+// per-stream front serves a stream's repeated sizes without the pool's lock.
 //
 // Memory is unmapped only once the host has seen the frees it covers complete
 // (events); the device is synchronised only when memory is short and the frees
@@ -24,14 +26,21 @@
 namespace gpumem {
 
 struct vmm_pool_options {
-  // Size of each physical handle and the unit of remapping (0: the device's
-  // granularity, 2 MiB on H100/H200). See docs/vmm.md, "Chunk size".
+  // The mapping unit: every handle is a multiple of it, and a block's pages are
+  // mapped in whole units (0: the device's granularity, 2 MiB on H100/H200).
   std::size_t chunk_bytes = 0;
+  // The largest physical handle the pool creates. Growth creates as few handles
+  // as it can (one per missing contiguous run, in pieces of at most this), since
+  // every driver call costs per handle, whatever its size. See docs/vmm.md,
+  // "Handle sizes".
+  std::size_t max_handle_bytes = std::size_t{1} << 30;
   // Addresses reserved up front (0: twice the device's memory).
   std::size_t address_bytes = 0;
-  // Free physical memory the pool keeps mapped; above it, fully free chunks whose
+  // Free physical memory the pool keeps mapped; above it, fully free handles whose
   // frees are complete go back to the device (checked every fence_interval frees
-  // and on trim()). Default: keep everything, as pool_resource does.
+  // and on trim()). Default: keep everything, as pool_resource does. With a
+  // threshold, every free takes the pool's lock (the per-stream fronts serve
+  // allocations only).
   std::size_t release_threshold_bytes = std::numeric_limits<std::size_t>::max();
   // Devices besides the owner that get read/write access to the whole pool.
   std::vector<int> peer_devices;
@@ -46,8 +55,11 @@ struct vmm_pool_statistics {
   std::size_t address_bytes = 0;      // reserved addresses
   std::size_t largest_free_range = 0; // largest free address range (mapped or not)
   std::size_t allocations = 0;
-  std::size_t chunks_remapped = 0;    // free chunks moved under another request, ever
-  std::size_t chunks_released = 0;    // given back to the device, ever
+  std::size_t handles = 0;            // physical handles the pool holds
+  std::size_t handles_created = 0;    // cuMemCreate calls that succeeded, ever
+  std::size_t chunks_remapped = 0;    // free handles moved under another request, ever
+  std::size_t chunks_released = 0;   // handles given back to the device, ever
+  std::size_t stale_mappings = 0;     // old mappings of moved handles not yet unmapped
 };
 
 class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
@@ -55,19 +67,23 @@ class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
   explicit vmm_pool_resource(int device = 0, vmm_pool_options options = {});
   ~vmm_pool_resource() override;
 
-  // Gives back every fully free chunk whose frees the host has seen complete
-  // (cuEventQuery: never waits). Returns bytes.
+  // Gives back every fully free handle whose frees the host has seen complete
+  // (cuEventQuery: never waits), after unmapping the old mappings of moved
+  // handles. Returns bytes.
   std::size_t trim();
   // The same, after fencing the frees made so far on `stream` (alive: the pool
   // records only on streams it is handed). Memory whose frees are still running
   // stays until a later trim.
   std::size_t trim(stream_view stream);
-  // Waits for the device once (cuCtxSynchronize), then gives back every fully free chunk.
+  // Waits for the device once (cuCtxSynchronize), then gives back every fully free handle.
   std::size_t release();
 
   // The physical pieces under [ptr, ptr + bytes) of a live allocation: each the
-  // address and size of one handle's mapping (cuMemRetainAllocationHandle on the
-  // address gives the handle). For exporting to other processes (IPC).
+  // address and size of one handle's whole mapping, in address order (a piece
+  // may begin before ptr or end after ptr + bytes: handles are sized to the
+  // growth that made them and may be shared with neighbouring blocks);
+  // cuMemRetainAllocationHandle on the address gives the handle, mapped there
+  // from offset 0. For exporting to other processes (IPC).
   struct physical_piece {
     std::uintptr_t address = 0;
     std::size_t bytes = 0;

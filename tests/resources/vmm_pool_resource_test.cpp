@@ -1,6 +1,8 @@
 // vmm_pool_resource beyond the shared contract: the W4 fragmentation scenario,
-// remapping scattered free chunks, unmapping only after the frees complete,
-// trim and the release threshold, peer access, out-of-memory reasons, many threads.
+// handles sized to the need, moving free handles (with their old mappings
+// unmapped later) without ever aliasing a live block, unmapping only after the
+// frees complete, the per-stream front and its stream ordering, trim and the
+// release threshold, peer access, out-of-memory reasons, many threads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -70,6 +72,170 @@ TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
   }
 }
 
+TEST_F(VmmPool, HandlesAreSizedToTheNeed) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = vmm::granularity(0);
+  void* p = pool.allocate(64 * MiB, s);
+  EXPECT_EQ(pool.statistics().handles, 1U) << "one handle for one contiguous growth";
+  auto pieces = pool.physical_pieces(p, 64 * MiB);
+  ASSERT_EQ(pieces.size(), 1U);
+  EXPECT_EQ(pieces[0].address, reinterpret_cast<std::uintptr_t>(p));
+  EXPECT_EQ(pieces[0].bytes, 64 * MiB);
+  // A small block next to it: its own handle of one mapping unit; the pieces of
+  // an allocation are whole mappings that cover it.
+  void* q = pool.allocate(1000, s);
+  pieces = pool.physical_pieces(q, 1000);
+  ASSERT_EQ(pieces.size(), 1U);
+  EXPECT_LE(pieces[0].address, reinterpret_cast<std::uintptr_t>(q));
+  EXPECT_GE(pieces[0].address + pieces[0].bytes, reinterpret_cast<std::uintptr_t>(q) + 1000);
+  EXPECT_EQ(pieces[0].bytes % g, 0U);
+  pool.deallocate(q, 1000, s);
+  pool.deallocate(p, 64 * MiB, s);
+
+  // With a smaller largest handle, a growth is cut into pieces of that size, in address order.
+  vmm_pool_options o;
+  o.max_handle_bytes = 16 * MiB;
+  vmm_pool_resource small(0, o);
+  void* r = small.allocate(40 * MiB, s);
+  pieces = small.physical_pieces(r, 40 * MiB);
+  ASSERT_EQ(pieces.size(), 3U);
+  std::uintptr_t at = reinterpret_cast<std::uintptr_t>(r);
+  std::size_t sum = 0;
+  for (const auto& pc : pieces) {
+    EXPECT_EQ(pc.address, at);
+    EXPECT_LE(pc.bytes, 16 * MiB);
+    at += pc.bytes;
+    sum += pc.bytes;
+  }
+  EXPECT_EQ(sum, 40 * MiB);
+  // Each piece's address names its handle.
+  detail::device_context_guard guard(0);
+  for (const auto& pc : pieces) {
+    CUmemGenericAllocationHandle h = 0;
+    ASSERT_EQ(detail::driver().cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(pc.address)), CUDA_SUCCESS);
+    EXPECT_NE(h, 0U);
+    ASSERT_EQ(detail::driver().cuMemRelease(h), CUDA_SUCCESS);
+  }
+  small.deallocate(r, 40 * MiB, s);
+}
+
+// The W4 scenario at small scale, with a pattern in every live block: moving
+// free handles under a request (their old mappings unmapped only later) never
+// hands out memory that a live block uses. On the simulator the same physical
+// pages really are mapped at both addresses, so aliasing shows as corruption.
+TEST_F(VmmPool, MovedHandlesNeverAliasLiveBlocks) {
+  vmm_pool_resource pool(0);
+  const std::size_t total = device_memory_info(0).total_bytes;
+  constexpr std::size_t block = 16 * MiB;
+  std::vector<void*> held;
+  while ((held.size() + 1) * block <= total * 9 / 10) held.push_back(pool.allocate(block, s));
+  // A handle moves whole, so an alias overwrites a whole block: a window at each
+  // end of every live block is enough to see it.
+  constexpr std::size_t window = 64 * 1024;
+  std::vector<std::pair<void*, std::uint8_t>> live;
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (i % 2 == 0) {
+      pool.deallocate(held[i], block, s);
+    } else {
+      const auto v = static_cast<std::uint8_t>(1 + i % 251);
+      device_fill(held[i], window, v, s);
+      device_fill(static_cast<char*>(held[i]) + block - window, window, v, s);
+      live.emplace_back(held[i], v);
+    }
+  }
+  s.synchronize();
+  auto check_live = [&](const char* when) {
+    for (auto [p, v] : live) {
+      ASSERT_EQ(device_count_mismatches(p, window, v, s), 0U) << when;
+      ASSERT_EQ(device_count_mismatches(static_cast<char*>(p) + block - window, window, v, s), 0U) << when;
+    }
+  };
+  const std::size_t quarter = total / 4;
+  void* big = pool.allocate(quarter, s);
+  auto st = pool.statistics();
+  EXPECT_GT(st.chunks_remapped, 0U);
+  EXPECT_GT(st.stale_mappings, 0U) << "the old mappings of moved handles are unmapped later, not in the request";
+  device_fill(big, quarter, 0xEE, s);
+  check_live("after the remapped request was written");
+  EXPECT_EQ(device_count_mismatches(big, quarter, 0xEE, s), 0U);
+  // While the old mappings stand, more requests of every size keep out of them.
+  std::vector<std::pair<void*, std::size_t>> more;
+  for (std::size_t n : {3 * MiB, 17 * MiB, 2 * MiB + 256, 40 * MiB}) {
+    void* p = pool.allocate(n, s);
+    device_fill(p, n, 0x5A, s);
+    more.emplace_back(p, n);
+  }
+  check_live("after small requests");
+  EXPECT_EQ(device_count_mismatches(big, quarter, 0xEE, s), 0U);
+  for (auto [p, n] : more) {
+    EXPECT_EQ(device_count_mismatches(p, n, 0x5A, s), 0U);
+    pool.deallocate(p, n, s);
+  }
+  pool.deallocate(big, quarter, s);
+  // A second large request moves handles again: the first one's old mappings go first.
+  void* big2 = pool.allocate(quarter + 8 * MiB, s);
+  device_fill(big2, quarter + 8 * MiB, 0x77, s);
+  check_live("after a second remapped request");
+  pool.deallocate(big2, quarter + 8 * MiB, s);
+  s.synchronize();
+  pool.trim(s);
+  s.synchronize();
+  pool.trim();
+  EXPECT_EQ(pool.statistics().stale_mappings, 0U);
+  check_live("after trim");
+  for (auto [p, v] : live) pool.deallocate(p, block, s);
+}
+
+TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
+  vmm_pool_resource pool(0);
+  void* p = pool.allocate(5000, s);
+  pool.deallocate(p, 5000, s);
+  void* q = pool.allocate(5000, s);
+  EXPECT_EQ(q, p) << "a block freed on a stream is reused on it at once";
+  EXPECT_EQ(pool.statistics().allocations, 1U);
+  // Wrong sizes and double frees are caught on the fast path too.
+  EXPECT_THROW(pool.deallocate(q, 4000, s), logic_error);
+  pool.deallocate(q, 5000, s);
+  EXPECT_THROW(pool.deallocate(q, 5000, s), logic_error);
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+  EXPECT_EQ(pool.statistics().used_bytes, 0U);
+  // A block handed out by a stream's front may be freed on another stream.
+  stream other(0);
+  void* r = pool.allocate(5000, s);
+  pool.deallocate(r, 5000, s);
+  void* r2 = pool.allocate(5000, s);
+  pool.deallocate(r2, 5000, other);
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST_F(VmmPool, FrontReuseAcrossStreamsRespectsFences) {
+  // A block freed on stream a while a's work still uses it must not be written
+  // by work on stream b, whether it sits in a's front or was flushed from it.
+  vmm_pool_resource pool(0);
+  stream a(0), b(0);
+  void* warm = pool.allocate(MiB, a);  // the block goes through a's front afterwards
+  pool.deallocate(warm, MiB, a);
+  void* p = pool.allocate(MiB, a);
+  held_check check(p, MiB, 0xA5, std::chrono::milliseconds(300), a);
+  pool.deallocate(p, MiB, a);
+  std::vector<void*> got;
+  for (int i = 0; i < 8; ++i) {
+    void* q = pool.allocate(MiB, b);
+    device_fill(q, MiB, 0x11, b);
+    got.push_back(q);
+  }
+  // A growth flushes every front; the request after it may find a's block.
+  void* big = pool.allocate(64 * MiB, b);
+  device_fill(big, 64 * MiB, 0x22, b);
+  void* q = pool.allocate(MiB, b);
+  device_fill(q, MiB, 0x33, b);
+  EXPECT_EQ(check.mismatches(), 0U) << "another stream wrote a block before its free on stream a completed";
+  b.synchronize();
+  pool.deallocate(q, MiB, b);
+  pool.deallocate(big, 64 * MiB, b);
+  for (void* x : got) pool.deallocate(x, MiB, b);
+}
+
 TEST_F(VmmPool, OutOfMemorySaysWhy) {
   vmm_pool_resource pool(0);
   const std::size_t total = device_memory_info(0).total_bytes;
@@ -98,7 +264,7 @@ TEST_F(VmmPool, FreeChunksMoveOnlyAfterTheirFreesComplete) {
   // Leave the device exactly 4 MiB short of this request: only p's chunks can make up for it.
   const std::size_t device_free = device_memory_info(0).free_bytes;
   void* q = pool.allocate(device_free + 4 * MiB, s);
-  // The moved chunks are at the end of the request (new handles come first): write there.
+  // The moved handles are at the end of the request (new handles come first): write there.
   device_fill(static_cast<char*>(q) + device_free - 12 * MiB, 16 * MiB, 0x3E, s);
   EXPECT_EQ(check.mismatches(), 0U) << "a chunk was remapped while the freeing stream still used it";
   s.synchronize();

@@ -1,0 +1,192 @@
+// vmm_pool_resource's per-stream front (docs/vmm.md, "The hot path"): the
+// blocks a stream freed, kept whole by exact size and handed back to the same
+// stream without the pool's lock, and the stream's fence state.
+//
+// Note [The per-stream front]
+// Programs free and allocate the same sizes over and over on one stream (W1, a
+// training step). A block freed on stream S may be reused on S at once (stream
+// order), so S's front keeps it, by exact size, and the next request of that
+// size on S takes it under S's lock only: no pool mutex, no std::map. To the
+// pool the block stays allocated, owned by the front (blk::owner): nothing else
+// carves it, moves its physical memory or gives it back. The front holds no
+// memory back: every path that could grow the pool, move physical memory, give
+// it back, serve another stream from a miss or report statistics first flushes
+// every front, and a flushed block becomes free exactly as if it had been
+// freed then, pending on S with the epoch of its real free, so another stream
+// reuses it only after a device-side wait on S's fence (the fencing rules are
+// unchanged). The blocks a front handed out are found by address in `live`, so
+// the free of one is checked (size, double free) under S's lock too. A free on
+// another stream than the one that cached the block goes through the pool's
+// lock, which asks the owner front to forget the block.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace gpumem::detail::vmm {
+
+// Address -> (size, requested bytes) of the blocks a front handed out: open
+// addressing, linear probing, backward-shift deletion.
+class front_live_map {
+ public:
+  struct entry {
+    std::uintptr_t key = 0;
+    std::size_t size = 0;
+    std::size_t requested = 0;
+  };
+
+  front_live_map() : slots_(64) {}
+
+  void insert(std::uintptr_t key, std::size_t size, std::size_t requested) {
+    if ((size_ + 1) * 2 > slots_.size()) grow();
+    place(entry{key, size, requested});
+    ++size_;
+  }
+
+  const entry* find(std::uintptr_t key) const noexcept {
+    for (std::size_t i = home(key);; i = next(i)) {
+      const entry& e = slots_[i];
+      if (e.key == key) return &e;
+      if (e.key == 0) return nullptr;
+    }
+  }
+
+  bool erase(std::uintptr_t key) noexcept {
+    std::size_t i = home(key);
+    for (;; i = next(i)) {
+      if (slots_[i].key == key) break;
+      if (slots_[i].key == 0) return false;
+    }
+    for (std::size_t j = next(i);; j = next(j)) {
+      if (slots_[j].key == 0) break;
+      const std::size_t h = home(slots_[j].key);
+      const bool movable = i <= j ? (h <= i || h > j) : (h <= i && h > j);
+      if (movable) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = entry{};
+    --size_;
+    return true;
+  }
+
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::size_t home(std::uintptr_t key) const noexcept {
+    return static_cast<std::size_t>(((key >> 8) * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+  std::size_t next(std::size_t i) const noexcept { return (i + 1) & (slots_.size() - 1); }
+  void place(const entry& e) noexcept {
+    std::size_t i = home(e.key);
+    while (slots_[i].key != 0) i = next(i);
+    slots_[i] = e;
+  }
+  void grow() {
+    std::vector<entry> old(slots_.size() * 2);
+    old.swap(slots_);
+    --shift_;
+    for (const entry& e : old) {
+      if (e.key != 0) place(e);
+    }
+  }
+
+  std::vector<entry> slots_;
+  std::size_t size_ = 0;
+  unsigned shift_ = 64 - 6;  // log2(64 slots)
+};
+
+// Freed blocks by exact size: 64 direct slots for sizes up to 16 KiB (one per
+// 256-byte granule count, so small sizes never collide) and 64 hashed slots for
+// larger ones; 32 blocks per slot.
+class front_cache {
+ public:
+  static constexpr unsigned depth = 32;
+  struct item {
+    std::uintptr_t address = 0;
+    std::uint64_t epoch = 0;  // the stream's free count at the block's free
+  };
+
+  // A cached block of exactly `size` bytes at `alignment`, or address 0.
+  item pop(std::size_t size, std::size_t alignment) noexcept {
+    slot& e = slot_of(size);
+    if (e.size != size || e.count == 0) return {};
+    const item it = e.items[e.count - 1];
+    if ((it.address & (alignment - 1)) != 0) return {};
+    --e.count;
+    --count_;
+    return it;
+  }
+
+  bool push(std::uintptr_t address, std::size_t size, std::uint64_t epoch) noexcept {
+    slot& e = slot_of(size);
+    if (e.count == 0) {
+      e.size = size;
+    } else if (e.size != size || e.count >= depth) {
+      return false;
+    }
+    e.items[e.count++] = item{address, epoch};
+    ++count_;
+    return true;
+  }
+
+  // Removes every block, calling f(address, size, epoch) on each.
+  template <class F>
+  void drain(F&& f) {
+    if (count_ == 0) return;
+    for (slot& e : slots_) {
+      for (unsigned k = 0; k < e.count; ++k) f(e.items[k].address, e.size, e.items[k].epoch);
+      e.count = 0;
+    }
+    count_ = 0;
+  }
+
+  std::size_t count() const noexcept { return count_; }
+
+ private:
+  struct slot {
+    std::size_t size = 0;
+    unsigned count = 0;
+    std::array<item, depth> items{};
+  };
+  slot& slot_of(std::size_t size) noexcept {
+    const std::size_t g = size >> 8;
+    if (g < 64) return slots_[g];
+    return slots_[64 + ((g * 0x9E3779B97F4A7C15ULL) >> 58)];
+  }
+
+  std::array<slot, 128> slots_{};
+  std::size_t count_ = 0;
+};
+
+// One per stream the pool has seen; never destroyed before the pool.
+struct stream_front {
+  explicit stream_front(CUstream s, bool can_cache) : stream(s), cacheable(can_cache) {}
+
+  const CUstream stream;
+  // False for the per-thread default stream: one handle, a different stream on
+  // every thread, so what one thread freed must not go to another at once.
+  const bool cacheable;
+
+  std::mutex lock;
+  // ---- guarded by `lock` ----
+  front_cache cache;
+  front_live_map live;  // handed out from `cache`, not yet freed
+  unsigned unfenced = 0;
+  // ---- written under `lock`, read anywhere ----
+  std::atomic<std::uint64_t> frees{0};   // frees on this stream so far
+  std::atomic<bool> requested{false};    // another stream waits for a fence here
+  // ---- guarded by the pool's mutex ----
+  CUevent event = nullptr;
+  std::uint64_t fenced = 0;     // frees before the last record of `event`
+  std::uint64_t completed = 0;  // frees the host has seen complete
+};
+
+}  // namespace gpumem::detail::vmm

@@ -1,0 +1,111 @@
+// vmm_pool_resource's state, shared by the allocator (vmm_pool_resource.cpp:
+// addresses, blocks, stream ordering, the hot path) and the physical side
+// (vmm_pool_physical.cpp: handles sized to the need, moving free handles,
+// deferred unmaps, giving memory back). Read the notes in both files.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "gpumem/vmm_pool_resource.hpp"
+#include "vmm/virtual_memory.hpp"
+#include "vmm/vmm_pool_front.hpp"
+
+namespace gpumem {
+
+struct vmm_pool_resource::impl {
+  static constexpr std::size_t granule = 256;
+  static constexpr std::size_t max_handle_bytes = std::size_t{1} << 30;
+  using front = detail::vmm::stream_front;
+
+  struct blk {
+    std::size_t size = 0;
+    std::size_t requested = 0;
+    bool free = true;
+    bool pending = false;       // free, and its free not yet seen complete by the host
+    bool stale = false;         // the old mapping of a moved handle: never handed out (see the note)
+    front* freed_on = nullptr;  // the stream it was freed on (pending blocks)
+    std::uint64_t epoch = 0;    // that stream's free count at the free
+    front* owner = nullptr;     // allocated and tracked by this front (live there or cached)
+  };
+  struct mapping {
+    std::size_t bytes = 0;
+    CUmemGenericAllocationHandle handle = 0;
+  };
+  using block_iter = std::map<std::uintptr_t, blk>::iterator;
+
+  impl(int dev, vmm_pool_options o);
+  ~impl();
+
+  // ---- fronts (vmm_pool_resource.cpp) ----
+  front& front_for(stream_view s);
+  front& find_front(CUstream key, stream_view s);
+  void flush_front(front& f);  // the pool's mutex is held
+  void flush_fronts();         // the pool's mutex is held
+
+  // ---- blocks; the pool's mutex is held ----
+  void insert_free(std::uintptr_t a, const blk& b) { free.emplace(b.size, a); }
+  void erase_free(std::uintptr_t a, const blk& b) { free.erase({b.size, a}); }
+  static bool settled(const blk& b) { return b.free && !b.pending; }
+  bool mergeable(const blk& x, const blk& y) const;
+  block_iter coalesce(block_iter it);
+  void record_fence(front& f);
+  void settle(bool wait, front* caller, bool device_synchronized = false);
+  block_iter find_usable(std::size_t size, std::size_t alignment, front& t, CUevent* wait_on);
+  std::uintptr_t carve(block_iter it, std::size_t size, std::size_t alignment, std::size_t requested);
+  // Splits [at, at + bytes) out of the free block `it` covering it, as a block of
+  // its own with the same state; returns it.
+  block_iter split_out(block_iter it, std::uintptr_t at, std::size_t bytes);
+  void uncarve(std::uintptr_t at);
+  bool range_settled_free(std::uintptr_t at, std::size_t bytes) const;
+  std::size_t largest_free() const { return free.empty() ? 0 : free.rbegin()->first; }
+
+  // ---- physical memory (vmm_pool_physical.cpp); the pool's mutex is held ----
+  bool fully_mapped(std::uintptr_t at, std::size_t size) const;
+  bool map_range(std::uintptr_t at, std::size_t size, front& caller);
+  void unmap_stale();
+  std::size_t release_free_handles(std::size_t keep);
+  void release_everything() noexcept;  // destruction
+
+  [[noreturn]] void throw_oom(std::size_t requested, const std::string& why) const {
+    detail::vmm::throw_out_of_memory("vmm_pool_resource", device, requested, mapped, why);
+  }
+
+  const int device;
+  vmm_pool_options opt;
+  std::size_t gran = 0;
+  std::uintptr_t base = 0;
+  std::size_t address_bytes = 0;
+  std::size_t device_total = 0;
+  const std::uint64_t id;
+  bool fast_free = true;  // frees may go to the fronts (no release threshold to check)
+
+  mutable std::mutex mutex;  // lock order: mutex, fronts_mutex, one front's lock
+  std::map<std::uintptr_t, blk> blocks;                   // every block, address order
+  std::set<std::pair<std::size_t, std::uintptr_t>> free;  // free blocks by (size, address)
+  std::map<std::uintptr_t, mapping> maps;                 // where each handle is mapped for use
+  std::vector<std::pair<std::uintptr_t, std::size_t>> stale;  // old mappings of moved handles
+  std::size_t mapped = 0;  // bytes of the handles the pool holds
+  std::size_t used = 0;    // allocated blocks, including those cached in fronts
+  std::size_t live = 0;
+  std::size_t handles_created = 0;
+  std::size_t remapped = 0;
+  std::size_t released = 0;
+  std::uint64_t frees_since_check = 0;
+
+  mutable std::shared_mutex fronts_mutex;
+  std::unordered_map<CUstream, std::unique_ptr<front>> fronts;
+  std::atomic<bool> several_streams{false};
+};
+
+}  // namespace gpumem
