@@ -24,7 +24,8 @@ Behaviour (docs/python.md, "Numba"):
   and frees what it held when the outermost one exits.
 - ``reset()`` frees every device allocation this context made through the plugin.
 - ``get_ipc_handle()`` uses legacy CUDA IPC of the base allocation plus the offset of
-  the sub-allocation (real driver only; ``gpumem.UnsupportedError`` on the simulator).
+  the sub-allocation on the real driver; other memory, and the simulator, get gpumem's own
+  handle wrapped in a numba ``IpcHandle`` subclass (docs/ipc.md).
 """
 
 import contextlib
@@ -118,23 +119,22 @@ class GpumemNumbaManager(_cuda.HostOnlyCUDAMemoryManager):
         return _cuda.MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
-        """A legacy CUDA IPC handle of the allocation that holds `memory`, with the offset of
-        `memory` in it, so a pool's sub-allocation is shared correctly."""
-        backend = gpumem.current_backend()
-        if backend != "cuda":
-            raise gpumem.UnsupportedError(
-                "gpumem.numba.get_ipc_handle: legacy CUDA IPC needs the real driver; the '%s' "
-                "backend has no IPC" % backend
-            )
-        if not _USE_NV_BINDING:  # pragma: no cover - Numba 0.56: its own ctypes driver does it
-            return _numba_driver.GetIpcHandleMixin.get_ipc_handle(self, memory)
+        """An IPC handle of `memory` that Numba's ``IpcHandle.open``/``open_array`` and pickling
+        accept. On the real driver, memory from cuMemAlloc (gpumem's pool and CudaResource) gets
+        Numba's own legacy handle of the base allocation with the offset of `memory` in it;
+        anything else (the simulator, the driver's pools, virtual memory) gets a
+        ``GpumemIpcHandle`` carrying gpumem's handle (docs/ipc.md)."""
         pointer = int(memory.handle)
-        err, base, _ = _cu.cuMemGetAddressRange(_cu.CUdeviceptr(pointer))
-        _check(err, "cuMemGetAddressRange", pointer)
-        err, handle = _cu.cuIpcGetMemHandle(base)
-        _check(err, "cuIpcGetMemHandle", pointer)
-        source_info = self.context.device.get_device_identity()
-        return _cuda.IpcHandle(memory, handle, memory.size, source_info, offset=pointer - int(base))
+        if gpumem.current_backend() == "cuda" and _USE_NV_BINDING:
+            err, base, _ = _cu.cuMemGetAddressRange(_cu.CUdeviceptr(pointer))
+            _check(err, "cuMemGetAddressRange", pointer)
+            err, handle = _cu.cuIpcGetMemHandle(base)
+            if err == _cu.CUresult.CUDA_SUCCESS:
+                source_info = self.context.device.get_device_identity()
+                return _cuda.IpcHandle(memory, handle, memory.size, source_info, offset=pointer - int(base))
+        from . import ipc as gpumem_ipc
+
+        return _gpumem_ipc_handle_class()(memory, gpumem_ipc.export(pointer, memory.size))
 
     def reset(self):
         """Frees every device allocation of this context made through the plugin (and, through
@@ -210,6 +210,48 @@ class GpumemNumbaManager(_cuda.HostOnlyCUDAMemoryManager):
             buffer.close()
 
         return free
+
+
+_GPUMEM_IPC_HANDLE = None
+
+
+def _gpumem_ipc_handle_class():
+    """numba's IpcHandle, opened through gpumem (built on first use: numba is imported lazily)."""
+    global _GPUMEM_IPC_HANDLE
+    if _GPUMEM_IPC_HANDLE is not None:
+        return _GPUMEM_IPC_HANDLE
+
+    class GpumemIpcHandle(_cuda.IpcHandle):
+        def __init__(self, base, gpumem_handle):
+            super().__init__(base, None, gpumem_handle.size, None, offset=0)
+            self._gpumem = gpumem_handle
+            self._memory = None
+
+        def open(self, context):
+            if self.base is not None:
+                raise ValueError("opening IpcHandle from original process")
+            if self._memory is not None:
+                raise ValueError("IpcHandle is already opened")
+            self._memory = self._gpumem.open()
+            return _cuda.MemoryPointer(context, _device_pointer(self._memory.ptr), self.size)
+
+        def close(self):
+            if self._memory is None:
+                raise ValueError("IpcHandle not opened")
+            self._memory.close()
+            self._memory = None
+
+        def __reduce__(self):
+            return (_rebuild_gpumem_ipc_handle, (self._gpumem.to_bytes(),))
+
+    _GPUMEM_IPC_HANDLE = GpumemIpcHandle
+    return GpumemIpcHandle
+
+
+def _rebuild_gpumem_ipc_handle(data):
+    from . import ipc as gpumem_ipc
+
+    return _gpumem_ipc_handle_class()(None, gpumem_ipc.IpcHandle.from_bytes(data))
 
 
 def _check(err, api, pointer):

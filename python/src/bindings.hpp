@@ -41,5 +41,6 @@ void bind_streams(nb::module_& m);
 void bind_resources(nb::module_& m);
 void bind_device_buffer(nb::module_& m);
 void bind_cupy_hook(nb::module_& m);
+void bind_ipc(nb::module_& m);
 
 }  // namespace gpumem::python

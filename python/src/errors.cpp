@@ -73,6 +73,11 @@ void translate(const std::exception_ptr& p, void*) {
     PyErr_SetString(types.logic, e.what());
   } catch (const unsupported_error& e) {
     PyErr_SetString(types.unsupported, e.what());
+  } catch (const gpumem::ipc_error& e) {
+    // Bad handle bytes or a handle used in its own process are misuse; memory or a
+    // system that cannot share is unsupported (docs/ipc.md).
+    const bool misuse = e.code() == gpumem::ipc_errc::malformed_handle || e.code() == gpumem::ipc_errc::same_process;
+    PyErr_SetString(misuse ? types.logic : types.unsupported, e.what());
   }
   // Anything else propagates to nanobind's own translators.
 }

@@ -19,4 +19,5 @@ NB_MODULE(_core, m) {
   gp::bind_resources(m);
   gp::bind_device_buffer(m);
   gp::bind_cupy_hook(m);
+  gp::bind_ipc(m);
 }

@@ -220,12 +220,19 @@ def test_get_memory_info_raises_not_implemented_where_the_resource_cannot_say(ma
 
 
 @pytest.mark.sim_only
-def test_ipc_is_refused_on_the_simulator(manager):
+def test_ipc_handle_on_the_simulator_is_gpumems(manager):
+    import pickle
+
+    from numba import cuda as ncuda
+
     mem = manager.memalloc(4096)
-    with pytest.raises(gpumem.UnsupportedError, match="needs the real driver"):
-        manager.get_ipc_handle(mem)
-    with pytest.raises(NotImplementedError):
-        manager.get_ipc_handle(mem)
+    handle = manager.get_ipc_handle(mem)
+    assert isinstance(handle, ncuda.cudadrv.driver.IpcHandle)
+    assert handle.size == 4096
+    with pytest.raises(ValueError, match="original process"):
+        handle.open(manager.context)
+    again = pickle.loads(pickle.dumps(handle))
+    assert type(again) is type(handle) and again.size == 4096 and again.base is None
 
 
 def test_second_device_context():
