@@ -249,14 +249,15 @@ class crew {
           error = std::current_exception();
         }
         // What is still live goes back after the window, untimed (also after an error).
-        for (auto& [p, bytes] : live_) {
+        while (!live_.empty()) {
+          const auto [p, bytes] = live_.back();
+          live_.pop_back();
           try {
             mr_.deallocate(p, bytes, alloc_stream_);
           } catch (...) {
             if (!error) error = std::current_exception();
           }
         }
-        live_.clear();
       }
       sync_.arrive_and_wait();
     }
@@ -270,7 +271,7 @@ class crew {
       if (op.bytes > 0) {
         live_.emplace_back(mr_.allocate(op.bytes, alloc_stream_), op.bytes);
       } else {
-        auto [p, bytes] = live_[op.index];
+        const auto [p, bytes] = live_[op.index];
         live_[op.index] = live_.back();
         live_.pop_back();
         mr_.deallocate(p, bytes, alloc_stream_);
@@ -278,11 +279,13 @@ class crew {
       ++alloc_ops_;
       alloc_end_ = clock_type::now();
       if (++next == ops_.size()) {
-        for (auto& [p, bytes] : live_) {
+        // The sequence starts from an empty live set: free the rest (counted as ops) and begin again.
+        while (!live_.empty()) {
+          const auto [p, bytes] = live_.back();
+          live_.pop_back();
           mr_.deallocate(p, bytes, alloc_stream_);
           ++alloc_ops_;
         }
-        live_.clear();
         next = 0;
         alloc_end_ = clock_type::now();
       }
