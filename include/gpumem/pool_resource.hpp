@@ -5,14 +5,15 @@
 // one lock that only threads using that stream contend for). A block freed on a
 // stream is reusable on that stream at once. Other streams reuse it only after
 // the work queued before the free is ordered before them: arenas fence their
-// frees with an event, recorded once per batch of frees rather than per free,
-// and a stream that takes another arena's memory waits on that event on the
-// device (cuStreamWaitEvent), never on the host.
+// frees with an event, recorded when another stream asks for it rather than per
+// free, and a stream that takes another arena's memory waits on that event on
+// the device (cuStreamWaitEvent), never on the host.
 //
 // Thread safety: all members may be called concurrently.
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <memory>
 
 #include "gpumem/export.hpp"
@@ -32,18 +33,22 @@ struct pool_options {
   // size up to max_chunk_bytes (docs/pool.md, "Growth").
   std::size_t min_chunk_bytes = std::size_t{2} << 20;
   std::size_t max_chunk_bytes = std::size_t{1} << 30;
-  // A stream whose own arena cannot serve a request takes other streams' free
-  // memory (after an event wait on the device) before asking the upstream for more.
+  // A stream whose own arena cannot serve a request takes other streams' fenced
+  // whole free chunks (after an event wait on the device) before asking the upstream
+  // for more, and their free blocks when the upstream cannot give more.
   bool reuse_across_streams = true;
   // Keep freed blocks whole by exact size for the next request of that size
   // (docs/pool.md, "Quick cache").
   bool quick_cache = true;
-  // Frees per stream between fence events, and bytes freed that force one sooner.
-  // Fences are also recorded whenever another stream asks for one (it found no
-  // fenced memory to take), so a long interval costs no reuse, only its timeliness;
-  // recording fewer events keeps threads out of the driver's locks (W3).
-  unsigned fence_interval = 256;
-  std::size_t fence_bytes = std::size_t{256} << 20;
+  // Periodic fences (docs/pool.md, "Stream ordering"): while the pool serves
+  // several streams, a stream also records its fence event after this many frees,
+  // or this many bytes freed, since its last fence. The defaults (the largest
+  // values) mean never: a stream fences only when another stream asked for it (it
+  // found that stream's free memory unfenced) or the call is a slow path, which
+  // keeps the hot path out of the driver's locks (W3). Smaller values make other
+  // streams' reuse and trim() timelier at the cost of one event record per period.
+  unsigned fence_interval = std::numeric_limits<unsigned>::max();
+  std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
 };
 
 struct pool_statistics {

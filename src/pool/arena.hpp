@@ -1,20 +1,49 @@
 // One stream's share of a pool: its free blocks, its live allocations, the
 // upstream chunks it owns, and the fence that orders its frees for other streams.
 //
-// Note [Fencing frees in batches]
+// Note [Fencing frees on demand]
 // A block freed on stream S may be reused on S at once: S runs in order. Another
 // stream T may reuse it only after S's work queued before the free, so T must
 // wait (on the device) for an event recorded on S after the free. RMM records an
-// event on every free, which costs more than the rest of a free. An arena
-// instead counts its frees (`frees`) and records its `fence` event on S once
-// every `fence_interval` frees (or `fence_bytes` bytes) while the pool serves
-// more than one stream, at the next free after another stream asked for one, and
-// on every slow path that runs on S. A pool used by one stream never fences. A block carries the count at which it became free
-// (block::free_epoch); it is fenced, safe for T after cuStreamWaitEvent(T, fence),
-// once `fenced_frees` >= that count. The event is recorded only on the stream of
-// the call being served, so gpumem never records on a stream that may have been
-// destroyed. Unfenced blocks are reused by S alone, until the next fence or, when
-// the device is out of memory, a device synchronisation makes every free complete.
+// event on every free, which costs more than the rest of a free; with many
+// threads the event records also meet in the driver's locks. An arena instead
+// counts its frees (`frees`); a block carries the count at which it became free
+// (block::free_epoch) and is *fenced*, safe for T after cuStreamWaitEvent(T,
+// fence), once `fenced_frees` >= that count. The arena records its `fence` event
+// on S, and sets `fenced_frees = frees`, only:
+//  - at S's next free or slow path after another stream asked (`fence_requested`:
+//    it found S's free memory it could use unfenced, or S's lock busy);
+//  - on S's slow paths that make blocks usable by others (absorbing pending
+//    frees) and on a free on S of another arena's block (deallocate_foreign);
+//  - on trim(S);
+//  - every `fence_interval` frees or `fence_bytes` freed while the pool serves
+//    several streams, if the options ask for it (by default they do not).
+// So the hot path records nothing and a pool used by one stream never fences.
+// The cost is timeliness: T's first miss finds S's frees unfenced, asks, and
+// grows; a later miss takes what S fenced meanwhile. When the pool cannot grow,
+// a device synchronisation makes every free complete (the memory-short path).
+//
+// Why not let T record S's fence itself, under S's lock (requester-side fencing)?
+// That needs S to be alive, and gpumem cannot know: a program may destroy a stream
+// as soon as its last call returns (docs/pool.md, "Assumptions"), and recording on
+// a destroyed handle is undefined (or on a new stream that reuses it, or on a
+// stream of another context); the per-thread default stream names the calling
+// thread's stream, so T cannot name S's at all; and a record on a stream under
+// capture becomes a node of the program's graph, and T's wait on it would pull T
+// into that capture. So every record is made on the stream of the call being
+// served, which is alive and ordered by its caller.
+//
+// Waits use the event's most recent record when cuStreamWaitEvent is called. All
+// records of one arena's event are on the arena's stream and `fenced_frees` only
+// grows under the arena's lock, so a newer record than the one that fenced a
+// block covers it too: a taker may wait after dropping the lock.
+//
+// Taking other streams' memory while the pool can still grow is opportunistic and
+// whole chunks only: a whole chunk changes arena, and the streams keep no tie.
+// Lending single blocks of another arena (the block stays there, and its free on
+// the borrower's stream goes back as a pending free, with an event record) is kept
+// for when the upstream cannot give more: lent blocks otherwise keep passing from
+// stream to stream, each free an event record and a visit to another arena's lock.
 //
 // Every block of a chunk is managed by the chunk's owning arena, so splitting and
 // coalescing need only that arena's lock. A block freed on another stream U goes
@@ -59,7 +88,7 @@ struct arena;
 
 struct pending_free {
   block* freed = nullptr;
-  arena* freed_on = nullptr;  // whose fence orders the free
+  CUevent fence = nullptr;  // the freeing stream's fence, recorded after the free
   std::uint64_t sequence = 0;
 };
 
@@ -83,7 +112,8 @@ struct alignas(64) arena {
   std::uint64_t fenced_frees = 0;
   unsigned unfenced_count = 0;
   std::size_t unfenced_bytes = 0;
-  // Set by a stream that found no fenced memory to take: fence at the next free.
+  // Set by a stream that found this arena's free memory unfenced: fence at the
+  // next free or slow path (Note [Fencing frees on demand]).
   std::atomic<bool> fence_requested{false};
 
   std::size_t used_bytes = 0;

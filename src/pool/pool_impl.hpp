@@ -35,6 +35,7 @@ struct pool_resource::impl {
   void free_into(detail::arena& a, detail::block* b, std::uint64_t epoch);
   void note_free(detail::arena& a, std::size_t bytes);
   void record_fence(detail::arena& a);
+  void request_fences();  // every arena fences at its next free or slow path
   void flush_quick(detail::arena& a);
 
   // ---- slow paths (pool_reclaim.cpp); no lock held on entry ----
@@ -49,7 +50,9 @@ struct pool_resource::impl {
   std::size_t release_chunks(bool device_synchronized);
   [[noreturn]] void throw_out_of_memory(std::size_t requested);
   pool_statistics collect();  // flushes the quick caches
-  void wait_for(detail::arena& waiter, const detail::arena& freed_on);
+  // `fence`: an arena's fence event, read under that arena's lock (null: never
+  // recorded, so nothing to wait for).
+  void wait_for(detail::arena& waiter, CUevent fence);
 
   void add_chunk(detail::arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch);
   CUstream maintenance_stream();
@@ -63,6 +66,7 @@ struct pool_resource::impl {
   mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
   std::unordered_map<std::uintptr_t, std::unique_ptr<detail::arena>> arenas;
   std::atomic<bool> several_streams{false};  // fences matter only once a second stream exists
+  bool periodic_fences = false;  // fence_interval or fence_bytes set (arena.hpp's note)
 
   // Lock order: arenas_mutex, then chunks_mutex, then arena locks (one at a time).
   mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner

@@ -29,12 +29,13 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
   {
     std::lock_guard lock(a.lock);
     flush_quick(a);
+    if (a.fence_requested.load(std::memory_order_relaxed)) record_fence(a);  // another stream asked
   }
   if (void* p = try_own()) return p;
   if (absorb_pending(a)) {
     if (void* p = try_own()) return p;
   }
-  // 2. Other streams' free memory, ordered by an event wait on the device.
+  // 2. Other streams' fenced whole free chunks, ordered by an event wait on the device.
   if (opt.reuse_across_streams) {
     if (void* p = take_from_other_arenas(a, size, requested, alignment, need, false)) return p;
   }
@@ -47,8 +48,12 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
   if (grow(a, need)) {
     if (void* p = try_own()) return p;
   }
-  // 4. Memory is short: make every free complete (one device synchronisation,
-  //    off the hot path), give fully free chunks back, and try everything again.
+  // 4. Memory is short: other streams' fenced free blocks, lent (see arena.hpp's note).
+  if (opt.reuse_across_streams) {
+    if (void* p = take_from_other_arenas(a, size, requested, alignment, need, true)) return p;
+  }
+  // 5. Make every free complete (one device synchronisation, off the hot path),
+  //    give fully free chunks back, and try everything again.
   synchronize_and_fence_everything();
   if (void* p = try_own()) return p;
   if (void* p = take_from_other_arenas(a, size, requested, alignment, need, true)) return p;
@@ -84,39 +89,39 @@ void pool_resource::impl::deallocate_foreign(arena& caller, void* ptr, std::size
                         std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
     }
   }
+  CUevent fence = nullptr;
   {
     // Order the free after the caller's stream's work so far.
     std::lock_guard lock(caller.lock);
     record_fence(caller);
+    fence = caller.fence;
   }
   std::lock_guard lock(owner->lock);
   block* b = owner->live.find(address);
   if (b == nullptr || b->cached) throw not_ours();  // freed by another thread meanwhile
   owner->live.erase(address);
   owner->used_bytes -= b->size;
-  owner->pending.push_back({b, &caller, ++owner->pending_sequence});
+  owner->pending.push_back({b, fence, ++owner->pending_sequence});
 }
 
-void pool_resource::impl::wait_for(arena& waiter, const arena& freed_on) {
-  if (freed_on.fence == nullptr) return;  // never recorded: nothing it freed was used
+void pool_resource::impl::wait_for(arena& waiter, CUevent fence) {
+  if (fence == nullptr) return;  // never recorded: what it covers needed no wait
   detail::device_context_guard guard(device);
-  GPUMEM_CU(cuStreamWaitEvent, waiter.stream, freed_on.fence, 0);
+  GPUMEM_CU(cuStreamWaitEvent, waiter.stream, fence, 0);
 }
 
 bool pool_resource::impl::absorb_pending(arena& a) {
-  std::vector<arena*> freed_on;
+  std::vector<CUevent> fences;
   std::uint64_t upto = 0;
   {
     std::lock_guard lock(a.lock);
     if (a.pending.empty()) return false;
     upto = a.pending_sequence;
     for (const auto& pf : a.pending) {
-      if (std::find(freed_on.begin(), freed_on.end(), pf.freed_on) == freed_on.end()) {
-        freed_on.push_back(pf.freed_on);
-      }
+      if (std::find(fences.begin(), fences.end(), pf.fence) == fences.end()) fences.push_back(pf.fence);
     }
   }
-  for (arena* u : freed_on) wait_for(a, *u);
+  for (CUevent e : fences) wait_for(a, e);
   std::lock_guard lock(a.lock);
   bool absorbed = false;
   for (std::size_t i = 0; i < a.pending.size();) {
@@ -133,10 +138,14 @@ bool pool_resource::impl::absorb_pending(arena& a) {
   return absorbed;
 }
 
-// `wait`: false while the pool may still grow. Then taking is opportunistic: an
-// arena whose lock is busy (its own threads are allocating) is passed over and
-// nothing is coalesced for the taker, so a miss on one stream never queues behind
-// other streams' hot paths (W3). When memory is short, every arena is waited for.
+// `wait`: false while the pool may still grow. Then taking is opportunistic and
+// whole chunks only: an arena whose lock is busy (its own threads are allocating)
+// is passed over and nothing is coalesced for the taker, so a miss on one stream
+// never queues behind other streams' hot paths (W3), and no block is lent, so the
+// streams keep no tie (arena.hpp's note). An arena passed over, or holding a
+// fitting free chunk that is not fenced yet, is asked to fence. When memory is
+// short (`wait`), every arena is waited for, and fenced free blocks and pending
+// frees are lent too.
 void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, std::size_t requested,
                                                   std::size_t alignment, std::size_t need, bool wait) {
   auto acquire = [wait](auto& lock) {
@@ -156,28 +165,42 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
   // (a) A whole free, fenced chunk changes owner: no lasting tie between the streams.
   for (arena* s : others) {
     chunk* moved = nullptr;
+    CUevent fence = nullptr;
     {
       std::unique_lock dir(chunks_mutex, std::defer_lock);
-      if (!acquire(dir)) continue;
+      if (!acquire(dir)) {
+        s->fence_requested.store(true, std::memory_order_relaxed);
+        continue;
+      }
       std::unique_lock lock(s->lock, std::defer_lock);
-      if (!acquire(lock)) continue;
+      if (!acquire(lock)) {
+        s->fence_requested.store(true, std::memory_order_relaxed);
+        continue;
+      }
       if (wait) flush_quick(*s);
+      bool unfenced_fit = false;
       for (std::size_t i = 0; i < s->chunks.size(); ++i) {
         chunk* c = s->chunks[i];
         block* f = c->first;
-        if (f->free && f->next_in_chunk == nullptr && c->size >= need && s->is_fenced(f)) {
-          s->free.remove(f);
-          s->chunks[i] = s->chunks.back();
-          s->chunks.pop_back();
-          s->reserved_bytes -= c->size;
-          c->owner = &a;
-          moved = c;
-          break;
+        if (f->next_in_chunk != nullptr || c->size < need || !(f->free || f->cached)) continue;
+        if (!s->is_fenced(f)) {
+          unfenced_fit = true;
+          continue;
         }
+        if (f->cached) flush_quick(*s);  // the whole chunk sits in s's quick cache: free it
+        s->free.remove(f);
+        s->chunks[i] = s->chunks.back();
+        s->chunks.pop_back();
+        s->reserved_bytes -= c->size;
+        c->owner = &a;
+        moved = c;
+        fence = s->fence;
+        break;
       }
+      if (moved == nullptr && unfenced_fit) s->fence_requested.store(true, std::memory_order_relaxed);
     }
     if (moved != nullptr) {
-      wait_for(a, *s);
+      wait_for(a, fence);
       std::lock_guard lock(a.lock);
       // Block records may change arenas: slab pages live as long as the pool.
       a.chunks.push_back(moved);
@@ -187,24 +210,29 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       return carve(a, fit, size, requested, alignment, true);
     }
   }
+  if (!wait) return nullptr;
   // (b) Lend a fenced free block: it stays in its chunk's arena, handed out to this stream.
   for (arena* s : others) {
     void* p = nullptr;
+    CUevent fence = nullptr;
     {
       std::unique_lock lock(s->lock, std::defer_lock);
       if (!acquire(lock)) continue;
       block* b = s->free.find_if(need, [s](const block* x) { return s->is_fenced(x); });
-      if (b != nullptr) p = carve(*s, b, size, requested, alignment, true);
+      if (b != nullptr) {
+        p = carve(*s, b, size, requested, alignment, true);
+        fence = s->fence;
+      }
     }
     if (p != nullptr) {
-      wait_for(a, *s);
+      wait_for(a, fence);
       return p;
     }
   }
   // (c) A block another stream freed that its owner has not absorbed yet, taken whole.
   for (arena* s : others) {
     block* taken = nullptr;
-    arena* freed_on = nullptr;
+    CUevent fence = nullptr;
     {
       std::unique_lock lock(s->lock, std::defer_lock);
       if (!acquire(lock)) continue;
@@ -212,7 +240,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
         block* b = s->pending[i].freed;
         if (b->size >= size && b->address % alignment == 0) {
           taken = b;
-          freed_on = s->pending[i].freed_on;
+          fence = s->pending[i].fence;
           s->pending[i] = s->pending.back();
           s->pending.pop_back();
           taken->requested_bytes = requested;
@@ -223,7 +251,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       }
     }
     if (taken != nullptr) {
-      wait_for(a, *freed_on);
+      wait_for(a, fence);
       return reinterpret_cast<void*>(taken->address);
     }
   }

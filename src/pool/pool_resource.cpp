@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "driver/driver.hpp"
 #include "text.hpp"
@@ -50,6 +51,8 @@ pool_resource::impl::impl(memory_resource& up, std::shared_ptr<memory_resource> 
     throw logic_error("gpumem::pool_resource: initial_bytes exceeds maximum_bytes");
   }
   opt.min_chunk_bytes = (opt.min_chunk_bytes + granule - 1) & ~(granule - 1);
+  periodic_fences = opt.fence_interval != std::numeric_limits<unsigned>::max() ||
+                    opt.fence_bytes != std::numeric_limits<std::size_t>::max();
   if (opt.initial_bytes > 0) {
     // Allocated synchronously: usable by every stream, so its blocks start fenced (epoch 0).
     const std::size_t bytes = (opt.initial_bytes + granule - 1) & ~(granule - 1);
@@ -200,14 +203,26 @@ void pool_resource::impl::flush_quick(detail::arena& a) {
   });
 }
 
+// After a free on the arena's own stream. By default the only cost is one load of
+// the arena's own cache line: fences are recorded on demand (arena.hpp's note).
 void pool_resource::impl::note_free(detail::arena& a, std::size_t bytes) {
-  ++a.unfenced_count;
-  a.unfenced_bytes += bytes;
-  const bool due = (a.unfenced_count >= opt.fence_interval || a.unfenced_bytes >= opt.fence_bytes) &&
-                   several_streams.load(std::memory_order_relaxed);
-  if (due || a.fence_requested.load(std::memory_order_relaxed)) [[unlikely]] {
+  if (periodic_fences) [[unlikely]] {
+    ++a.unfenced_count;
+    a.unfenced_bytes += bytes;
+    if ((a.unfenced_count >= opt.fence_interval || a.unfenced_bytes >= opt.fence_bytes) &&
+        several_streams.load(std::memory_order_relaxed)) {
+      record_fence(a);
+      return;
+    }
+  }
+  if (a.fence_requested.load(std::memory_order_relaxed)) [[unlikely]] {
     record_fence(a);
   }
+}
+
+void pool_resource::impl::request_fences() {
+  std::shared_lock lock(arenas_mutex);
+  for (auto& [key, a] : arenas) a->fence_requested.store(true, std::memory_order_relaxed);
 }
 
 void pool_resource::impl::record_fence(detail::arena& a) {
@@ -310,8 +325,15 @@ std::size_t pool_resource::release() {
 }
 
 std::size_t pool_resource::trim() {
-  std::lock_guard growing(impl_->growth_mutex);
-  return impl_->release_chunks(false);
+  std::size_t released = 0;
+  {
+    std::lock_guard growing(impl_->growth_mutex);
+    released = impl_->release_chunks(false);
+  }
+  // The pool records no fence it was not asked for: ask every stream now, so that
+  // a later trim() finds what was freed before this one.
+  impl_->request_fences();
+  return released;
 }
 
 std::size_t pool_resource::trim(stream_view stream) {

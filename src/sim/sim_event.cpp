@@ -1,6 +1,7 @@
 // Events and the event entry points, including cuStreamWaitEvent (see sim_event.hpp).
 #include "sim/sim_event.hpp"
 
+#include <atomic>
 #include <memory>
 
 #include "sim/sim_entry_points.hpp"
@@ -8,6 +9,15 @@
 #include "sim/sim_state.hpp"
 
 namespace gpumem::detail::simulator {
+namespace {
+
+std::atomic<std::uint64_t> event_record_count{0};
+std::atomic<std::uint64_t> stream_wait_count{0};
+
+}  // namespace
+
+std::uint64_t event_records() noexcept { return event_record_count.load(std::memory_order_relaxed); }
+std::uint64_t stream_event_waits() noexcept { return stream_wait_count.load(std::memory_order_relaxed); }
 
 std::optional<stream_position> sim_event::last_record() const {
   std::lock_guard lock(mutex_);
@@ -86,7 +96,10 @@ CUresult event_record(CUevent event_handle, CUstream stream_handle) {
     CUresult r = enqueue(
         stream,
         [event, generation] { event->reached(generation, sim_event::clock::now()); }, {}, &position);
-    if (r == CUDA_SUCCESS) event->set_last_record(generation, std::move(position));
+    if (r == CUDA_SUCCESS) {
+      event->set_last_record(generation, std::move(position));
+      event_record_count.fetch_add(1, std::memory_order_relaxed);
+    }
     return r;
   });
 }
@@ -138,6 +151,7 @@ CUresult stream_wait_event(CUstream stream_handle, CUevent event_handle, unsigne
     if (CUresult r = find_event(state, event_handle, event); r != CUDA_SUCCESS) return r;
     // CU_EVENT_WAIT_EXTERNAL is only valid during stream capture, which is not modelled.
     if (flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    stream_wait_count.fetch_add(1, std::memory_order_relaxed);
     // The record as of now; a later record of the event does not move this wait.
     // The event may be of another device, as in CUDA.
     auto record = event->last_record();

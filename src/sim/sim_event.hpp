@@ -7,11 +7,17 @@
 #include <mutex>
 #include <optional>
 
+#include "gpumem/export.hpp"
 #include "sim/sim_stream.hpp"
 
 namespace gpumem::detail::simulator {
 
 class sim_context;
+
+// Successful cuEventRecord / cuStreamWaitEvent calls since the process started,
+// all streams together: tests count the event traffic of the code they drive.
+GPUMEM_EXPORT std::uint64_t event_records() noexcept;
+GPUMEM_EXPORT std::uint64_t stream_event_waits() noexcept;
 
 class sim_event {
  public:

@@ -48,7 +48,8 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
   pool_options o;
   o.min_chunk_bytes = std::size_t{1} << (18 + in.byte() % 4);   // 256 KiB .. 2 MiB
   o.max_chunk_bytes = o.min_chunk_bytes << (in.byte() % 4);
-  o.fence_interval = 1 + in.byte() % 8;
+  // 0: the default, fences on demand only; else a periodic fence every 1..8 frees.
+  if (const unsigned every = in.byte() % 9; every != 0) o.fence_interval = every;
   o.reuse_across_streams = (in.byte() & 1U) != 0;
   if ((in.byte() & 3U) == 0) o.maximum_bytes = o.max_chunk_bytes * (1 + in.byte() % 4);
   std::map<std::uintptr_t, allocation> live;
