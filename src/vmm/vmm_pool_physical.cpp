@@ -42,8 +42,10 @@ using detail::device_context_guard;
 // Note [Mapping on demand, and moving free handles]
 // For each run of [at, at + size) (rounded out to the mapping unit) with no
 // handle under it, in this order, cheapest first:
-//  1. fresh handles from the device: cuMemGetInfo says how much it has (a
-//     create that fails anyway halves its size, down to one unit);
+//  1. fresh handles from the device: cuMemGetInfo says how much it has. A
+//     create that fails anyway is slow, so the first failure moves on to step
+//     2; halving the size down to one unit is tried only when steps 2 and 3
+//     found nothing (the pool holds no free handle);
 //  2. a settled free handle of the pool no larger than what is left of the
 //     run, the largest first (fewest handles): mapped here, ~27 us each for
 //     map + access, where giving it back and creating anew would cost more;
@@ -120,6 +122,10 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
   std::vector<piece> pieces;
   std::multimap<std::size_t, std::uintptr_t> movable;  // settled free handles by size
   bool listed = false;
+  // A failed cuMemCreate is slow (the driver searches before it gives up), so the
+  // first failure sends the search to the pool's free handles; smaller fresh
+  // handles (halving) are tried only when the pool has none left to move.
+  bool halve_creates = false;
   std::size_t device_free = unknown;  // what the device can still give, as far as known
   int stage = 0;  // 0: as is; 1: after waiting on the fences; 2: after a device synchronisation
   std::size_t gi = 0;
@@ -144,6 +150,7 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
         created = true;
         break;
       }
+      if (!halve_creates) break;
       want = want / 2 / gran * gran;
     }
     if (created) continue;
@@ -191,7 +198,12 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
       device_free = unknown;
       continue;
     }
-    // 4. wait for the frees: the fences' streams, then the device
+    // 4. smaller fresh handles, then wait for the frees: the fences' streams, then the device
+    if (!halve_creates) {
+      halve_creates = true;
+      device_free = unknown;
+      continue;
+    }
     if (stage == 0) {
       settle(true, &caller);
     } else if (stage == 1) {
