@@ -122,7 +122,9 @@ TEST_F(GrowableBuffer, AddressBytesSetsTheFirstReservation) {
   EXPECT_EQ(b.relocations(), 0U);
   EXPECT_EQ(b.reserved(), 8 * MiB);
   b.resize(10 * MiB);  // past it: in place where the driver honours the hint, else relocated
-  EXPECT_GE(b.reserved(), 16 * MiB);
+  // Doubled (16 MiB), or just what is needed (10 MiB) where the driver honours the
+  // hint only for that (driver 580 on an H200 placed 2 MiB, not 8 MiB, right after).
+  EXPECT_GE(b.reserved(), 10 * MiB);
   EXPECT_EQ(device_count_mismatches(b.data(), 2 * MiB, 0x41, s), 0U);
   // A reservation asked for beyond address_bytes is taken whole on an empty buffer.
   growable_buffer c(0, s, o);

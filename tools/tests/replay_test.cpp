@@ -164,7 +164,7 @@ TEST(Replay, ASmallerSimulatedDeviceShowsTheFailures) {
   temp_file log("small-device.csv");
   record_single_thread(log.str());
   temp_file json("small-device.json");
-  const command_result r = run_command(std::string(GPUMEM_REPLAY_EXE) + " " + log.str() +
+  const command_result r = run_command(tool_path(GPUMEM_REPLAY_EXE) + " " + log.str() +
                                        " --device-memory 24MiB --resource cuda --json " + json.str());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("on sim device 0 (24.00 MiB)"), std::string::npos) << r.output;
@@ -174,7 +174,7 @@ TEST(Replay, ASmallerSimulatedDeviceShowsTheFailures) {
   EXPECT_NE(j.find("\"device_total_bytes\":25165824"), std::string::npos) << j;
   EXPECT_EQ(j.find("\"failures\":0,"), std::string::npos) << "the small device must fail some: " << j;
   // And with room enough, none fail, and the peak is the log's.
-  const command_result big = run_command(std::string(GPUMEM_REPLAY_EXE) + " " + log.str() +
+  const command_result big = run_command(tool_path(GPUMEM_REPLAY_EXE) + " " + log.str() +
                                          " --device-memory 4GiB --resource pool,maximum=90%");
   ASSERT_EQ(big.status, 0) << big.output;
   EXPECT_NE(big.output.find("failures:       0 allocation(s)"), std::string::npos) << big.output;
@@ -188,10 +188,10 @@ TEST(Replay, BadInputIsReported) {
   }
   EXPECT_THROW(read_event_log(not_a_log.str()), tools::log_format_error);
   EXPECT_THROW(read_event_log("/nonexistent/log.csv"), tools::log_format_error);
-  const command_result r = run_command(std::string(GPUMEM_REPLAY_EXE) + " " + not_a_log.str());
+  const command_result r = run_command(tool_path(GPUMEM_REPLAY_EXE) + " " + not_a_log.str());
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("not a gpumem event log"), std::string::npos) << r.output;
-  EXPECT_EQ(run_command(std::string(GPUMEM_REPLAY_EXE) + " --order sideways x.csv").status, 2);
+  EXPECT_EQ(run_command(tool_path(GPUMEM_REPLAY_EXE) + " --order sideways x.csv").status, 2);
   temp_file log("bad-resource.csv");
   record_single_thread(log.str());
   replay_options o;

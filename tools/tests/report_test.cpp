@@ -137,7 +137,7 @@ TEST(Report, ThePageIsSelfContainedAndDrawsTheLog) {
   temp_file html("report.html");
   const drawn d = record_log(log.str());
   ASSERT_GT(d.ooms, 0U);
-  const command_result r = run_command(std::string(GPUMEM_REPORT_EXE) + " " + log.str() + " -o " + html.str());
+  const command_result r = run_command(tool_path(GPUMEM_REPORT_EXE) + " " + log.str() + " -o " + html.str());
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string page = slurp(html.str());
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0U);
@@ -155,7 +155,7 @@ TEST(Report, ThePageIsSelfContainedAndDrawsTheLog) {
   EXPECT_EQ(count_of(page, "class=\"peak\""), 1U);
   EXPECT_NE(page.find("out of memory: "), std::string::npos);
   // By site: the sites were logged.
-  const command_result s = run_command(std::string(GPUMEM_REPORT_EXE) + " " + log.str() + " --by site -o " + html.str());
+  const command_result s = run_command(tool_path(GPUMEM_REPORT_EXE) + " " + log.str() + " --by site -o " + html.str());
   ASSERT_EQ(s.status, 0) << s.output;
   const std::string by_site = slurp(html.str());
   EXPECT_GE(count_of(by_site, "class=\"area\""), 1U);
@@ -163,13 +163,13 @@ TEST(Report, ThePageIsSelfContainedAndDrawsTheLog) {
 }
 
 TEST(Report, BadArgumentsAndLogs) {
-  EXPECT_EQ(run_command(std::string(GPUMEM_REPORT_EXE)).status, 2);
-  EXPECT_EQ(run_command(std::string(GPUMEM_REPORT_EXE) + " x.csv --by colour").status, 2);
-  EXPECT_EQ(run_command(std::string(GPUMEM_REPORT_EXE) + " /nonexistent/x.csv").status, 1);
+  EXPECT_EQ(run_command(tool_path(GPUMEM_REPORT_EXE)).status, 2);
+  EXPECT_EQ(run_command(tool_path(GPUMEM_REPORT_EXE) + " x.csv --by colour").status, 2);
+  EXPECT_EQ(run_command(tool_path(GPUMEM_REPORT_EXE) + " /nonexistent/x.csv").status, 1);
   temp_file log("no-browser.csv");
   record_log(log.str());
   temp_file html("no-browser.html");
-  const command_result r = run_command("GPUMEM_CHROMIUM=/nonexistent/chromium " + std::string(GPUMEM_REPORT_EXE) +
+  const command_result r = run_command("GPUMEM_CHROMIUM=/nonexistent/chromium " + tool_path(GPUMEM_REPORT_EXE) +
                                        " " + log.str() + " -o " + html.str() + " --png " + html.str() + ".png");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("wrote no screenshot"), std::string::npos) << r.output;
@@ -266,7 +266,7 @@ TEST(Report, RendersInHeadlessChromium) {
   temp_file html("screenshot.html");
   temp_file png("screenshot.png");
   const drawn d = record_log(log.str());
-  const command_result r = run_command(std::string(GPUMEM_REPORT_EXE) + " " + log.str() + " -o " + html.str() +
+  const command_result r = run_command(tool_path(GPUMEM_REPORT_EXE) + " " + log.str() + " -o " + html.str() +
                                        " --png " + png.str() + " --png-size 1200x900");
   ASSERT_EQ(r.status, 0) << r.output;
   ASSERT_TRUE(std::filesystem::exists(png.str())) << r.output;

@@ -29,6 +29,18 @@ class temp_file {
   std::string path_;
 };
 
+// A tool's path: where the build put it, else beside this test binary (a build
+// tree copied to another machine, where the build path does not exist).
+inline std::string tool_path(const std::string& built_at) {
+  if (::access(built_at.c_str(), X_OK) == 0) return built_at;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return built_at;
+  std::string dir(self, static_cast<std::size_t>(n));
+  dir.erase(dir.rfind('/'));
+  return dir + built_at.substr(built_at.rfind('/'));
+}
+
 struct command_result {
   int status = -1;  // exit status
   std::string output;  // stdout and stderr
