@@ -140,9 +140,10 @@ bool pool_resource::impl::absorb_pending(arena& a) {
 
 // `wait`: false while the pool may still grow. Then taking is opportunistic and
 // whole chunks only: an arena whose lock is busy (its own threads are allocating)
-// is passed over and nothing is coalesced for the taker, so a miss on one stream
-// never queues behind other streams' hot paths (W3), and no block is lent, so the
-// streams keep no tie (arena.hpp's note). An arena passed over, or holding a
+// is passed over and nothing is coalesced for the taker (but a fenced whole chunk
+// found in an arena's quick cache, which a flush of that cache frees), so a miss on
+// one stream never queues behind other streams' hot paths (W3), and no block is
+// lent, so the streams keep no tie (arena.hpp's note). An arena passed over, or holding a
 // fitting free chunk that is not fenced yet, is asked to fence. When memory is
 // short (`wait`), every arena is waited for, and fenced free blocks and pending
 // frees are lent too.
