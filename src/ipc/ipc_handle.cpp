@@ -42,6 +42,7 @@ class writer {
     out_.insert(out_.end(), p, p + sizeof(T));
   }
   void put_bytes(const void* p, std::size_t n) {
+    if (n == 0) return;
     const auto* b = static_cast<const std::byte*>(p);
     out_.insert(out_.end(), b, b + n);
   }
@@ -64,6 +65,7 @@ class reader {
     return v;
   }
   void get_bytes(void* p, std::size_t n) {
+    if (n == 0) return;  // p may be an empty vector's null data()
     if (n > in_.size() - at_) malformed("the bytes end early (truncated)");
     std::memcpy(p, in_.data() + at_, n);
     at_ += n;
