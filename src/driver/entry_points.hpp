@@ -22,6 +22,10 @@
 //  cuStreamSynchronize/Query   valid stream                       => done / CUDA_ERROR_NOT_READY
 //  cuStreamWaitEvent           valid stream and event             => later work on the stream
 //                              starts after the event's last record completed (not the host)
+//  cuStreamIsCapturing         valid stream                       => whether work queued on it now is
+//                              captured into a graph instead of run (the pools refuse to serve it)
+//  cuStreamBeginCapture/EndCapture, cuGraphDestroy   (tests only) a stream other than the legacy
+//                              default => capture begins / ends with a graph / the graph is freed
 //  cuLaunchHostFunc            valid stream                       => fn runs in stream order on a
 //                              driver thread; fn must not call the driver
 //  cuEventCreate/Destroy/Record/Query/Synchronize/ElapsedTime
@@ -122,6 +126,10 @@
   X(cuStreamQuery, 2000)                   \
   X(cuStreamWaitEvent, 3020)               \
   X(cuLaunchHostFunc, 10000)                \
+  X(cuStreamIsCapturing, 10000)             \
+  X(cuStreamBeginCapture, 10010)            \
+  X(cuStreamEndCapture, 10000)              \
+  X(cuGraphDestroy, 10000)                  \
   X(cuEventCreate, 2000)                   \
   X(cuEventDestroy, 4000)                  \
   X(cuEventRecord, 2000)                   \

@@ -10,6 +10,7 @@
 #include "text.hpp"
 #include "gpumem/error.hpp"
 #include "pool/pool_impl.hpp"
+#include "stream_device.hpp"
 
 namespace gpumem {
 namespace {
@@ -272,6 +273,9 @@ pool_resource::~pool_resource() = default;
 
 void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& p = *impl_;
+  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle())) [[unlikely]] {
+    detail::throw_capturing("pool_resource", "allocate", stream.handle());
+  }
   detail::arena& a = p.arena_for(stream);
   const std::size_t size = (bytes + impl::granule - 1) & ~(impl::granule - 1);
   const std::size_t need = alignment > impl::granule ? size + alignment - impl::granule : size;
@@ -293,6 +297,9 @@ void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
 void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                                   std::size_t /*alignment*/) {
   impl& p = *impl_;
+  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle())) [[unlikely]] {
+    detail::throw_capturing("pool_resource", "deallocate", stream.handle());
+  }
   detail::arena& a = p.arena_for(stream);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   {

@@ -42,6 +42,10 @@ driver_api build_sim_driver_table() {
   table.cuStreamGetDevice = &stream_get_device;
   table.cuStreamSynchronize = &stream_synchronize;
   table.cuStreamQuery = &stream_query;
+  table.cuStreamIsCapturing = &stream_is_capturing;
+  table.cuStreamBeginCapture = &stream_begin_capture;
+  table.cuStreamEndCapture = &stream_end_capture;
+  table.cuGraphDestroy = &graph_destroy;
   table.cuStreamWaitEvent = &stream_wait_event;
   table.cuLaunchHostFunc = &launch_host_func;
   table.cuEventCreate = &event_create;

@@ -36,6 +36,10 @@ CUresult stream_get_device(CUstream stream, CUdevice* device);
 CUresult stream_synchronize(CUstream stream);
 CUresult stream_query(CUstream stream);
 CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
+CUresult stream_begin_capture(CUstream stream, CUstreamCaptureMode mode);
+CUresult stream_end_capture(CUstream stream, CUgraph* graph);
+CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
+CUresult graph_destroy(CUgraph graph);
 
 // sim_event.cpp
 CUresult event_create(CUevent* event, unsigned int flags);

@@ -210,6 +210,7 @@ void add_implicit_prerequisites(const sim_stream& stream, std::vector<stream_pos
 
 CUresult enqueue(const std::shared_ptr<sim_stream>& stream, sim_stream::work w,
                  std::vector<stream_position> prerequisites, stream_position* position) {
+  if (stream->capturing()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // no graphs here
   add_implicit_prerequisites(*stream, prerequisites);
   auto queued = stream->submit(std::move(prerequisites), std::move(w));
   if (!queued) return CUDA_ERROR_INVALID_HANDLE;
@@ -314,6 +315,57 @@ CUresult launch_host_func(CUstream handle, CUhostFn fn, void* user_data) {
     if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
     return enqueue(stream, [fn, user_data] { fn(user_data); });
   });
+}
+
+// Stream capture: a state, no graph. The legacy default stream cannot be
+// captured (as with the driver); a captured stream refuses work (enqueue).
+namespace {
+struct sim_graph {
+  std::uint64_t stream_id = 0;
+};
+}  // namespace
+
+CUresult stream_begin_capture(CUstream handle, CUstreamCaptureMode mode) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (stream->kind() == stream_kind::legacy_default) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
+    stream->set_capturing(true);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
+    stream->set_capturing(false);
+    *graph = reinterpret_cast<CUgraph>(new sim_graph{stream->id()});
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult stream_is_capturing(CUstream handle, CUstreamCaptureStatus* status) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *status = stream->capturing() ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult graph_destroy(CUgraph graph) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  delete reinterpret_cast<sim_graph*>(graph);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace gpumem::detail::simulator

@@ -3,6 +3,7 @@
 // ordering knowledge (stream clocks) the stream-ordered pools reuse memory by.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -98,6 +99,11 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   // queued, leaves the context's stream list and ends.
   void close();
 
+  // Stream capture (cuStreamBeginCapture/EndCapture): the simulator builds no
+  // graphs, so work queued while capturing is refused (see enqueue).
+  bool capturing() const { return capturing_.load(std::memory_order_acquire); }
+  void set_capturing(bool on) { capturing_.store(on, std::memory_order_release); }
+
  private:
   struct queued_work {
     std::vector<stream_position> prerequisites;
@@ -117,6 +123,7 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   std::uint64_t submitted_ = 0;
   std::uint64_t completed_ = 0;
   bool closed_ = false;
+  std::atomic<bool> capturing_{false};
   std::shared_ptr<const stream_clock> clock_;  // copied on write: positions share snapshots
 };
 

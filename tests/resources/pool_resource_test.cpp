@@ -9,9 +9,11 @@
 #include <latch>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "driver/driver.hpp"
 #include "gpumem/backend.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/device.hpp"
@@ -643,6 +645,80 @@ TEST_F(Pool, PeriodicFencesStillFollowTheOptions) {
   const std::uint64_t records_before = event_records();
   for (int i = 0; i < 8; ++i) pool.deallocate(pool.allocate(4096, s), 4096, s);
   EXPECT_EQ(event_records() - records_before, 2U) << "one fence every 4 frees";
+}
+
+// ---- CUDA graphs (Note [Pools and stream capture] in src/stream_device.hpp) ----
+
+struct capture_on {
+  explicit capture_on(stream_view st) : s(st.handle()) {
+    // Relaxed: the test thread may still call cuMemAlloc (an "unsafe" call) meanwhile.
+    GPUMEM_CU(cuStreamBeginCapture, s, CU_STREAM_CAPTURE_MODE_RELAXED);
+  }
+  ~capture_on() { end(); }
+  void end() {
+    if (s == nullptr) return;
+    CUgraph g = nullptr;
+    GPUMEM_CU(cuStreamEndCapture, s, &g);
+    GPUMEM_CU(cuGraphDestroy, g);
+    s = nullptr;
+  }
+  CUstream s;
+};
+
+TEST_F(Pool, AStreamUnderCaptureIsRefusedWithAClearErrorAndThePoolStaysIntact) {
+  pool_resource pool(upstream);
+  stream other(0);
+  void* before = pool.allocate(1000, s);
+  {
+    capture_on capture(s);
+    try {
+      (void)pool.allocate(1000, s);
+      ADD_FAILURE() << "allocate on a capturing stream did not throw";
+    } catch (const logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("async_resource"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(pool.deallocate(before, 1000, s), logic_error);
+    // Another stream, not captured, is served meanwhile.
+    void* elsewhere = pool.allocate(4096, other);
+    pool.deallocate(elsewhere, 4096, other);
+    capture.end();
+  }
+  EXPECT_EQ(pool.statistics().allocations, 1U) << "the refused free left the block allocated";
+  pool.deallocate(before, 1000, s);
+  void* after = pool.allocate(1000, s);
+  pool.deallocate(after, 1000, s);
+  s.synchronize();
+  other.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST_F(Pool, TheDefaultStreamsAreNeverQueriedForCapture) {
+  pool_resource pool(upstream);
+  // The legacy default stream cannot be captured: served without a query.
+  void* p = pool.allocate(256, stream_view{});
+  pool.deallocate(p, 256, stream_view{});
+  void* q = pool.allocate(256, stream_view::legacy_default());
+  pool.deallocate(q, 256, stream_view::legacy_default());
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST_F(Pool, RefuseCaptureCanBeTurnedOff) {
+  pool_options o;
+  o.refuse_capture = false;
+  pool_resource pool(upstream, o);
+  void* warm = pool.allocate(1000, s);  // the quick cache serves the capture's request
+  pool.deallocate(warm, 1000, s);
+  s.synchronize();
+  void* during = nullptr;
+  {
+    capture_on capture(s);
+    during = pool.allocate(1000, s);  // the caller's responsibility now
+    capture.end();
+  }
+  EXPECT_EQ(during, warm);
+  pool.deallocate(during, 1000, s);
+  EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
 }  // namespace
