@@ -3,8 +3,8 @@
 // viewer opens them and they can sit in docs/ beside the tables.
 //
 // A workload says what to draw by overriding workload::charts(): lines over
-// numeric x, one per subject (W3: throughput against threads; W6, when it comes:
-// time against size) or one per curve its cells recorded (W5: reserved bytes
+// numeric x, one per subject (W3: throughput against threads; W6: time against
+// size) or one per curve its cells recorded (W5: reserved bytes
 // over a trace). lines_over_columns() builds the first kind from a table. A
 // chart with bars is a horizontal bar chart, one bar per row (W8).
 #pragma once

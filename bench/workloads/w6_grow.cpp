@@ -6,7 +6,8 @@
 // timed growths make no call that the raw reference does not make.
 //
 // The gpumem vmm_pool_resource row grows a growable_buffer (maps pages at the
-// end, no copy); every other row grows the way a program without virtual memory
+// end, no copy; its address range is reserved before the clock starts, as the
+// raw reference's is, without knowing the final size); every other row grows the way a program without virtual memory
 // must: allocate the new size from the resource, copy the old bytes
 // (cuMemcpyAsync), free the old block. The raw VMM reference (cuMemCreate +
 // cuMemMap into one pre-reserved range, reserved before the clock starts) is
@@ -26,6 +27,7 @@
 #include "gpumem/vmm/growable_buffer.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 #include "harness.hpp"
+#include "plot.hpp"
 #include "report.hpp"
 #include "workloads/registry.hpp"
 
@@ -66,25 +68,38 @@ void fill(void* at, std::size_t bytes, stream_view s) {
 struct growth {
   double ms = 0;
   std::size_t peak = 0;  // device memory used above the start
+  // Host ms since the clock started, after each step was issued (the last one
+  // after the final synchronisation): the chart's curve.
+  std::vector<double> at_ms;
 };
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
 
 // With `track_peak`, device memory is asked for after every step (a driver call
 // the timed growths leave out).
 growth grow_buffer(int device, stream& st, const std::vector<std::size_t>& sizes, bool track_peak) {
   const std::size_t base = track_peak ? device_used(device) : 0;
   growth g;
-  const auto t0 = clock_type::now();
   {
+    // Its address range is taken before the clock starts, as the raw reference's
+    // is: reserve() takes addresses only (the default first range covers the
+    // device's memory, whatever the final size), no physical memory.
     growable_buffer b(device, st);
+    b.reserve(sizes.front());
+    const auto t0 = clock_type::now();
     std::size_t old = 0;
     for (std::size_t n : sizes) {
       b.resize(n);
       fill(static_cast<char*>(b.data()) + old, n - old, st);
       old = n;
       if (track_peak) g.peak = std::max(g.peak, device_used(device) - base);
+      g.at_ms.push_back(ms_since(t0));
     }
     st.synchronize();
-    g.ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    g.ms = ms_since(t0);
+    g.at_ms.back() = g.ms;
   }
   vmm::reclaim(true);
   return g;
@@ -109,9 +124,11 @@ growth grow_by_copy(memory_resource& mr, int device, stream& st, const std::vect
       if (cur != nullptr) mr.deallocate(cur, old, st);
       cur = next;
       old = n;
+      g.at_ms.push_back(ms_since(t0));
     }
     st.synchronize();
-    g.ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    g.ms = ms_since(t0);
+    g.at_ms.back() = g.ms;
   } catch (...) {
     if (cur != nullptr) mr.deallocate(cur, old, st);
     throw;
@@ -204,9 +221,19 @@ class grow_workload final : public workload {
       cell doubling, add, peak;
       const int reps = reps_within_budget(ctx.opts, (warm_d.ms + warm_a.ms) / 1000, doubling);
       add.cut_by_budget = doubling.cut_by_budget;
+      growth last_doubling;
       for (int r = 0; r < reps; ++r) {
-        doubling.reps.push_back(run(true, false).ms);
+        last_doubling = run(true, false);
+        doubling.reps.push_back(last_doubling.ms);
         add.reps.push_back(run(false, false).ms);
+      }
+      if (!last_doubling.at_ms.empty()) {
+        series curve;
+        curve.name = std::string(s.name);
+        for (std::size_t n : steps(final, true)) curve.x.push_back(static_cast<double>(n) / double(mib));
+        curve.y = last_doubling.at_ms;
+        curve.look = s.kind == subject_kind::gpumem ? series::style::emphasis : series::style::plain;
+        doubling.curves.push_back(std::move(curve));
       }
       doubling.iterations = 1;
       add.iterations = 1;
@@ -219,6 +246,27 @@ class grow_workload final : public workload {
       last_reps_ = reps;
       return {doubling, add, peak};
     });
+  }
+
+  // Grow time against size: each row's last timed doubling growth, step by step.
+  std::vector<chart> charts(const workload_result& result, const std::string& where) const override {
+    chart c;
+    c.file = "W6-grow.svg";
+    c.title = "W6 grow: time to grow one buffer by doubling, against its size";
+    c.subtitle = where + "; host ms since the start after each step is issued, the last point after the final "
+                         "synchronisation";
+    c.x_label = "buffer size (MiB)";
+    c.y_label = "ms since the start (lower is better)";
+    c.x_scale = axis_scale::log2;
+    c.y_scale = axis_scale::log10;
+    for (const auto& row : result.rows) {
+      if (row.cells.empty() || row.cells[0].status != cell_status::ok) continue;
+      for (const series& sr : row.cells[0].curves) c.lines.push_back(sr);
+    }
+    if (c.lines.empty()) return {};
+    c.notes = {std::string("the ") + std::string(vmm_pool_subject_name) +
+               " row grows a growable_buffer (maps pages at the end); the others allocate, copy and free"};
+    return {c};
   }
 
   std::vector<std::string> notes(const workload_result& result) const override {
