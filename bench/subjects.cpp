@@ -27,6 +27,14 @@ std::unique_ptr<memory_resource> pool_over_cuda(int device) {
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device));
 }
 
+// The same pool without the per-call capture query (pool_options::refuse_capture):
+// what the check costs, for programs that never capture a stream the pool serves.
+std::unique_ptr<memory_resource> pool_without_capture_check(int device) {
+  pool_options o;
+  o.refuse_capture = false;
+  return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
+}
+
 // Page-locked host memory, device-mapped (the default options): a host row,
 // skipped where a workload fills device memory (W4), like the malloc reference.
 std::unique_ptr<memory_resource> pinned_host(int device) {
@@ -35,6 +43,7 @@ std::unique_ptr<memory_resource> pinned_host(int device) {
 
 constexpr subject subjects[] = {
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
+    {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
     {"gpumem async_resource", subject_kind::gpumem, &on_device<async_resource>},
