@@ -34,6 +34,8 @@ struct vmm_pool_resource::impl {
     bool free = true;
     bool pending = false;       // free, and its free not yet seen complete by the host
     bool stale = false;         // the old mapping of a moved handle: never handed out (see the note)
+    bool mapped = false;        // free blocks: every page has a handle (else none has one)
+    bool joined = false;        // found by find_joined(), partly mapped, about to be carved
     front* freed_on = nullptr;  // the stream it was freed on (pending blocks)
     std::uint64_t epoch = 0;    // that stream's free count at the free
     front* owner = nullptr;     // allocated and tracked by this front (live there or cached)
@@ -54,21 +56,32 @@ struct vmm_pool_resource::impl {
   void flush_fronts();         // the pool's mutex is held
 
   // ---- blocks; the pool's mutex is held ----
-  void insert_free(std::uintptr_t a, const blk& b) { free.emplace(b.size, a); }
-  void erase_free(std::uintptr_t a, const blk& b) { free.erase({b.size, a}); }
+  using free_set = std::set<std::pair<std::size_t, std::uintptr_t>>;
+  free_set& free_of(const blk& b) { return b.mapped ? free_mapped : free_unmapped; }
+  void insert_free(std::uintptr_t a, const blk& b) { free_of(b).emplace(b.size, a); }
+  void erase_free(std::uintptr_t a, const blk& b) { free_of(b).erase({b.size, a}); }
   static bool settled(const blk& b) { return b.free && !b.pending; }
   bool mergeable(const blk& x, const blk& y) const;
   block_iter coalesce(block_iter it);
   void record_fence(front& f);
   void settle(bool wait, front* caller, bool device_synchronized = false);
-  block_iter find_usable(std::size_t size, std::size_t alignment, front& t, CUevent* wait_on);
+  block_iter find_usable(const free_set& in, std::size_t size, std::size_t alignment, front& t, CUevent* wait_on);
+  // Mapped free ranges first (no driver call), then unmapped addresses.
+  block_iter find_any(std::size_t size, std::size_t alignment, front& t, CUevent* wait_on);
+  block_iter find_joined(std::size_t size, std::size_t alignment);
   std::uintptr_t carve(block_iter it, std::size_t size, std::size_t alignment, std::size_t requested);
   // Splits [at, at + bytes) out of the free block `it` covering it, as a block of
   // its own with the same state; returns it.
   block_iter split_out(block_iter it, std::uintptr_t at, std::size_t bytes);
   void uncarve(std::uintptr_t at);
   bool range_settled_free(std::uintptr_t at, std::size_t bytes) const;
-  std::size_t largest_free() const { return free.empty() ? 0 : free.rbegin()->first; }
+  // The largest run of adjacent free blocks (mapped or not): statistics, errors.
+  std::size_t largest_free() const;
+  // Re-derives `mapped` for the free blocks overlapping [at, at + bytes) from
+  // `maps`, splitting them where a handle's mapping begins or ends (after
+  // mapping, unmapping or moving handles there).
+  void refresh_mapped(std::uintptr_t at, std::size_t bytes);
+  block_iter split_by_mapping(block_iter it);
 
   // ---- physical memory (vmm_pool_physical.cpp); the pool's mutex is held ----
   bool fully_mapped(std::uintptr_t at, std::size_t size) const;
@@ -92,7 +105,10 @@ struct vmm_pool_resource::impl {
 
   mutable std::mutex mutex;  // lock order: mutex, fronts_mutex, one front's lock
   std::map<std::uintptr_t, blk> blocks;                   // every block, address order
-  std::set<std::pair<std::size_t, std::uintptr_t>> free;  // free blocks by (size, address)
+  // Free blocks by (size, address), split by whether handles are mapped under
+  // them (Note [Mapped free ranges first] in vmm_pool_resource.cpp).
+  free_set free_mapped;
+  free_set free_unmapped;
   std::map<std::uintptr_t, mapping> maps;                 // where each handle is mapped for use
   std::vector<std::pair<std::uintptr_t, std::size_t>> stale;  // old mappings of moved handles
   std::size_t mapped = 0;  // bytes of the handles the pool holds

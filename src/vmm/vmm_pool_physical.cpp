@@ -193,6 +193,7 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
       vm::unmap(device, from, bytes);
       vm::release(device, mp->second.handle);
       maps.erase(mp);
+      refresh_mapped(from, bytes);
       mapped -= bytes;
       ++released;
       device_free = unknown;
@@ -232,6 +233,11 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
       k = j;
     }
   };
+  // The free neighbours of the request that new mappings reach (the rounding out
+  // to whole units) are mapped now.
+  auto refresh_placed = [&] {
+    for (std::size_t k = 0; k < placed; ++k) refresh_mapped(pieces[k].at, pieces[k].bytes);
+  };
   try {
     for (; placed < pieces.size(); ++placed) {
       const piece& p = pieces[placed];
@@ -239,6 +245,7 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
       maps.emplace(p.at, mapping{p.bytes, p.handle});
     }
     set_access_runs();
+    refresh_placed();
   } catch (...) {
     // What was not mapped goes back where it came from: new handles to the
     // device, moved ones to their old mapping (still in place).
@@ -251,12 +258,13 @@ bool vmm_pool_resource::impl::map_range(std::uintptr_t at, std::size_t size, fro
       maps.emplace(p.from, mapping{p.bytes, p.handle});
       std::erase(stale, std::pair{p.from, p.bytes});
       auto b = blocks.find(p.from);
-      b->second = blk{.size = p.bytes};
+      b->second = blk{.size = p.bytes, .mapped = true};
       insert_free(b->first, b->second);
       coalesce(b);
     }
     try {
       set_access_runs();
+      refresh_placed();
     } catch (...) {
       // The first error is the one reported.
     }
@@ -285,12 +293,15 @@ std::size_t vmm_pool_resource::impl::release_free_handles(std::size_t keep) {
       ++it;
       continue;
     }
-    vm::unmap(device, it->first, it->second.bytes);
+    const std::uintptr_t a = it->first;
+    const std::size_t bytes = it->second.bytes;
+    vm::unmap(device, a, bytes);
     vm::release(device, it->second.handle);
-    mapped -= it->second.bytes;
-    freed += it->second.bytes;
+    mapped -= bytes;
+    freed += bytes;
     ++released;
     it = maps.erase(it);
+    refresh_mapped(a, bytes);
   }
   return freed;
 }

@@ -47,6 +47,25 @@ using detail::validate_device;
 // was synchronised). Free blocks still pending on a stream are never unmapped;
 // they stay reusable on that stream at once and on others after a fence wait on
 // the device. Blocks cached in a front are allocated as far as this is concerned.
+//
+// Note [Mapped free ranges first]
+// A free block is either mapped whole (a handle under every page: blk::mapped)
+// or not at all, and the two kinds sit in separate best-fit indexes
+// (free_mapped, free_unmapped); neighbours of different kinds never merge. A
+// request takes the best fit among mapped free blocks, which needs no driver
+// call, no look at the handles and no flush of the fronts: the hot path of a
+// churning workload whose sizes rarely repeat (W2). Only when no mapped free
+// block fits (the genuine slow path) are the fronts flushed (their blocks may
+// fit) and unmapped addresses carved, and map_range() maps them, creating or
+// moving handles as before. Whenever handles are mapped, unmapped or moved,
+// refresh_mapped() re-derives the kind of the free blocks there from `maps`,
+// splitting them at the handles' edges. Unmapped free blocks are always settled
+// (memory is unmapped only under settled free blocks, and unmapped addresses are
+// never handed out before they are mapped), so they merge freely. The price of
+// not merging across the kinds: a request larger than every mapped free block
+// maps fresh addresses even when a mapped free block next to unmapped ones
+// would have covered part of it; that memory is found again by later requests,
+// or moved to where it is needed when the device runs short.
 
 namespace {
 
@@ -84,7 +103,7 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o) : device(dev), opt(st
                                            .reason = "cannot reserve the pool's address range"});
   }
   blocks.emplace(base, blk{.size = address_bytes});
-  free.emplace(address_bytes, base);
+  free_unmapped.emplace(address_bytes, base);
 }
 
 vmm_pool_resource::impl::~impl() {
@@ -150,6 +169,7 @@ void vmm_pool_resource::impl::flush_front(front& f) {
     blk& b = it->second;
     b.owner = nullptr;
     b.free = true;
+    b.mapped = true;  // a block handed out is mapped whole
     b.pending = true;
     b.freed_on = &f;
     b.epoch = epoch;
@@ -171,7 +191,7 @@ void vmm_pool_resource::impl::flush_fronts() {
 // or pending on the same stream and on the same side of its last fence (the
 // later epoch then stands for both without delaying the older one's settling).
 bool vmm_pool_resource::impl::mergeable(const blk& x, const blk& y) const {
-  if (!x.free || !y.free) return false;
+  if (!x.free || !y.free || x.mapped != y.mapped) return false;
   if (!x.pending || !y.pending) return !x.pending && !y.pending;
   if (x.freed_on != y.freed_on) return false;
   const std::uint64_t fenced = x.freed_on->fenced;
@@ -254,11 +274,12 @@ bool vmm_pool_resource::impl::range_settled_free(std::uintptr_t at, std::size_t 
 
 // A free block usable by stream t for `size` bytes at `alignment`; sets *wait_on
 // when t must wait for the freeing stream's fence first.
-vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_usable(std::size_t size, std::size_t alignment,
-                                                                        front& t, CUevent* wait_on) {
+vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_usable(const free_set& in, std::size_t size,
+                                                                        std::size_t alignment, front& t,
+                                                                        CUevent* wait_on) {
   *wait_on = nullptr;
   const std::size_t search = size + (alignment > granule ? alignment - granule : 0);
-  for (auto fit = free.lower_bound({search, 0}); fit != free.end(); ++fit) {
+  for (auto fit = in.lower_bound({search, 0}); fit != in.end(); ++fit) {
     auto it = blocks.find(fit->second);
     blk& b = it->second;
     if (!b.pending || b.freed_on == &t) return it;
@@ -272,12 +293,75 @@ vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_usable(std::si
   return blocks.end();
 }
 
+vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_any(std::size_t size, std::size_t alignment,
+                                                                     front& t, CUevent* wait_on) {
+  auto it = find_usable(free_mapped, size, alignment, t, wait_on);
+  if (it != blocks.end()) return it;
+  it = find_joined(size, alignment);
+  return it != blocks.end() ? it : find_usable(free_unmapped, size, alignment, t, wait_on);
+}
+
+// The best fit among runs of settled free blocks that hold unmapped addresses:
+// an unmapped block with its mapped neighbours, joined into one (partly mapped)
+// free block so that the request uses what is mapped there and maps the rest.
+// Unmapped blocks are few (they merge: all settled), so this walks them all.
+vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_joined(std::size_t size, std::size_t alignment) {
+  block_iter best = blocks.end();
+  std::uintptr_t best_start = 0;
+  std::size_t best_size = std::numeric_limits<std::size_t>::max();
+  for (const auto& [usize, a] : free_unmapped) {
+    if (usize >= best_size) break;  // every run holding this block is larger
+    auto u = blocks.find(a);
+    if (!settled(u->second)) continue;
+    std::uintptr_t start = a;
+    std::size_t run = usize;
+    block_iter first = u;
+    if (u != blocks.begin()) {
+      auto p = std::prev(u);
+      if (settled(p->second) && p->second.mapped) {
+        first = p;
+        start = p->first;
+        run += p->second.size;
+      }
+    }
+    if (auto n = std::next(u); n != blocks.end() && settled(n->second) && n->second.mapped) run += n->second.size;
+    const std::uintptr_t at = (start + alignment - 1) / alignment * alignment;
+    if (at + size <= start + run && run < best_size) {
+      best = first;
+      best_start = start;
+      best_size = run;
+    }
+  }
+  if (best == blocks.end()) return best;
+  // Join the run into one block (refresh_mapped() splits what the request leaves).
+  auto it = best;
+  erase_free(it->first, it->second);
+  while (it->second.size < best_size) {
+    auto n = std::next(it);
+    erase_free(n->first, n->second);
+    it->second.size += n->second.size;
+    blocks.erase(n);
+  }
+  it->second.mapped = false;
+  it->second.joined = true;
+  insert_free(best_start, it->second);
+  return it;
+}
+
 std::uintptr_t vmm_pool_resource::impl::carve(block_iter it, std::size_t size, std::size_t alignment,
                                               std::size_t requested) {
   const std::uintptr_t at = (it->first + alignment - 1) / alignment * alignment;
+  const std::uintptr_t run = it->first;
+  const std::size_t run_bytes = it->second.size;
+  const bool joined = it->second.joined;
   it = split_out(it, at, size);
   erase_free(it->first, it->second);
   it->second = blk{.size = size, .requested = requested, .free = false};
+  if (joined) {
+    // What is left of a joined run: mapped and unmapped parts apart again.
+    if (at > run) refresh_mapped(run, at - run);
+    if (at + size < run + run_bytes) refresh_mapped(at + size, run + run_bytes - (at + size));
+  }
   return at;
 }
 
@@ -306,13 +390,77 @@ vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::split_out(block_ite
   return it;
 }
 
-// Gives a block carved for a request that then failed back as settled free space.
+// Gives a block carved for a request that then failed back as settled free space
+// (what the request mapped before it failed stays mapped: split accordingly).
 void vmm_pool_resource::impl::uncarve(std::uintptr_t at) {
   auto it = blocks.find(at);
   it->second.free = true;
   it->second.pending = false;
+  it->second.mapped = false;
   insert_free(it->first, it->second);
-  coalesce(it);
+  split_by_mapping(it);
+}
+
+vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::split_by_mapping(block_iter it) {
+  const blk orig = it->second;
+  const std::uintptr_t start = it->first;
+  const std::uintptr_t end = start + orig.size;
+  erase_free(start, orig);
+  auto mp = maps.upper_bound(start);
+  if (mp != maps.begin() && std::prev(mp)->first + std::prev(mp)->second.bytes > start) --mp;
+  block_iter first = it;
+  block_iter last = it;
+  for (std::uintptr_t cur = start; cur < end;) {
+    bool m = false;
+    std::uintptr_t run_end = end;
+    if (mp != maps.end() && mp->first <= cur) {
+      m = true;
+      run_end = mp->first + mp->second.bytes;
+      for (++mp; mp != maps.end() && mp->first == run_end && run_end < end; ++mp) run_end += mp->second.bytes;
+    } else if (mp != maps.end()) {
+      run_end = mp->first;
+    }
+    run_end = std::min(run_end, end);
+    blk piece = orig;
+    piece.joined = false;
+    piece.size = run_end - cur;
+    piece.mapped = m;
+    if (cur == start) {
+      it->second = piece;
+    } else {
+      last = blocks.emplace_hint(std::next(last), cur, piece);
+    }
+    insert_free(cur, piece);
+    cur = run_end;
+  }
+  // Neighbouring runs differ in `mapped`: only the ends can merge with what is outside.
+  if (last != first) coalesce(last);
+  return coalesce(first);
+}
+
+void vmm_pool_resource::impl::refresh_mapped(std::uintptr_t at, std::size_t bytes) {
+  for (std::uintptr_t cur = at; cur < at + bytes;) {
+    auto it = std::prev(blocks.upper_bound(cur));
+    const std::uintptr_t next = it->first + it->second.size;
+    if (it->second.free) split_by_mapping(it);
+    cur = next;
+  }
+}
+
+std::size_t vmm_pool_resource::impl::largest_free() const {
+  std::size_t best = 0;
+  std::size_t run = 0;
+  std::uintptr_t run_end = 0;
+  for (const auto& [a, b] : blocks) {
+    if (!b.free) {
+      run = 0;
+      continue;
+    }
+    run = (run != 0 && run_end == a ? run : 0) + b.size;
+    run_end = a + b.size;
+    best = std::max(best, run);
+  }
+  return best;
 }
 
 // ---- the resource ----
@@ -341,32 +489,35 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
 
   std::lock_guard lock(m.mutex);
   CUevent wait_on = nullptr;
-  auto it = m.find_usable(size, align, f, &wait_on);
-  auto needs_memory = [&] {
-    const std::uintptr_t at = (it->first + align - 1) / align * align;
-    return !m.fully_mapped(at, size);
-  };
-  if (it != m.blocks.end() && needs_memory()) {
+  // Note [Mapped free ranges first]
+  auto it = m.find_usable(m.free_mapped, size, align, f, &wait_on);
+  if (it == m.blocks.end()) {
     // Growth or moving memory: what the fronts cache may serve instead.
     m.flush_fronts();
-    it = m.find_usable(size, align, f, &wait_on);
+    it = m.find_any(size, align, f, &wait_on);
   }
   if (it == m.blocks.end()) {
-    m.flush_fronts();
     m.unmap_stale();  // the addresses the old mappings of moved handles hold
     m.settle(false, &f);
-    it = m.find_usable(size, align, f, &wait_on);
+    it = m.find_any(size, align, f, &wait_on);
   }
   if (it == m.blocks.end()) {
     m.settle(true, &f);
-    it = m.find_usable(size, align, f, &wait_on);
+    it = m.find_any(size, align, f, &wait_on);
   }
   if (it == m.blocks.end()) {
     m.throw_oom(bytes, "no free address range of that size in the pool's " + std::to_string(m.address_bytes) +
                            "-byte reservation (largest free: " + std::to_string(m.largest_free()) +
                            "); raise vmm_pool_options::address_bytes");
   }
+  const bool had_memory = it->second.mapped;
   const std::uintptr_t at = m.carve(it, size, align, bytes);
+  if (had_memory) [[likely]] {
+    if (wait_on != nullptr) GPUMEM_CU(cuStreamWaitEvent, f.stream, wait_on, 0);
+    m.used += size;
+    ++m.live;
+    return reinterpret_cast<void*>(at);
+  }
   bool ok = false;
   try {
     ok = m.map_range(at, size, f);
@@ -381,7 +532,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
     // itself, so moving alone could fall short while the memory exists. Give
     // every free handle back and map the request afresh.
     m.release_free_handles(0);
-    it = m.find_usable(size, align, f, &wait_on);
+    it = m.find_any(size, align, f, &wait_on);
     if (it != m.blocks.end()) {
       const std::uintptr_t again = m.carve(it, size, align, bytes);
       try {
@@ -475,6 +626,7 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
     m.used -= b.size;
     --m.live;
     b.free = true;
+    b.mapped = true;
     b.pending = true;
     b.freed_on = &f;
     b.epoch = epoch;

@@ -313,6 +313,96 @@ TEST_F(VmmPool, ReleaseThresholdKeepsAtMostThatMuchFree) {
   EXPECT_LE(st.mapped_bytes - st.used_bytes, 2 * MiB);  // only the chunk `other`'s 256 bytes hold
 }
 
+TEST_F(VmmPool, MappedFreeRangesServeBeforeUnmappedOnes) {
+  // A free range with memory under it is taken before a better-fitting range
+  // without (which would need new memory): no handle is created or moved.
+  vmm_pool_resource pool(0);
+  const std::size_t g = vmm::granularity(0);
+  void* x = pool.allocate(2 * g, s);
+  void* y = pool.allocate(g, s);
+  void* z = pool.allocate(4 * g, s);
+  void* w = pool.allocate(g, s);
+  pool.deallocate(x, 2 * g, s);
+  EXPECT_EQ(pool.release(), 2 * g) << "x's handle goes back: its range is free and unmapped";
+  pool.deallocate(z, 4 * g, s);
+  const vmm_pool_statistics before = pool.statistics();
+  EXPECT_EQ(before.mapped_bytes, 6 * g);
+  void* p = pool.allocate(g + g / 2, s);  // x's unmapped range fits better; z's mapped one comes first
+  EXPECT_EQ(p, z);
+  void* q = pool.allocate(2 * g, s);  // the rest of z
+  EXPECT_EQ(static_cast<char*>(q), static_cast<char*>(z) + g + g / 2);
+  const vmm_pool_statistics after = pool.statistics();
+  EXPECT_EQ(after.handles_created, before.handles_created);
+  EXPECT_EQ(after.chunks_remapped, before.chunks_remapped);
+  EXPECT_EQ(after.mapped_bytes, before.mapped_bytes);
+  device_fill(p, g + g / 2, 0x3C, s);
+  device_fill(q, 2 * g, 0x3D, s);
+  EXPECT_EQ(device_count_mismatches(p, g + g / 2, 0x3C, s), 0U);
+  EXPECT_EQ(device_count_mismatches(q, 2 * g, 0x3D, s), 0U);
+  for (auto [ptr, bytes] : {std::pair{p, g + g / 2}, std::pair{q, 2 * g}, std::pair{y, g}, std::pair{w, g}}) {
+    pool.deallocate(ptr, bytes, s);
+  }
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST_F(VmmPool, ARequestThatNeedsMemoryStillMaps) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = vmm::granularity(0);
+  void* a = pool.allocate(g + g / 2, s);  // one handle of 2 units; half a unit mapped and free after a
+  EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g);
+  EXPECT_EQ(pool.statistics().handles_created, 1U);
+  void* b = pool.allocate(g / 2, s);  // that half unit: no new memory
+  EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + g + g / 2);
+  EXPECT_EQ(pool.statistics().handles_created, 1U);
+  // Nothing mapped is free: the next request maps a handle of its own.
+  void* c = pool.allocate(3 * g, s);
+  const vmm_pool_statistics st = pool.statistics();
+  EXPECT_EQ(st.handles_created, 2U);
+  EXPECT_EQ(st.mapped_bytes, 5 * g);
+  EXPECT_EQ(pool.physical_pieces(c, 3 * g).size(), 1U);
+  device_fill(a, g + g / 2, 0x61, s);
+  device_fill(b, g / 2, 0x62, s);
+  device_fill(c, 3 * g, 0x63, s);
+  EXPECT_EQ(device_count_mismatches(a, g + g / 2, 0x61, s), 0U);
+  EXPECT_EQ(device_count_mismatches(b, g / 2, 0x62, s), 0U);
+  EXPECT_EQ(device_count_mismatches(c, 3 * g, 0x63, s), 0U);
+  // A free block with memory next to unmapped addresses: a larger request uses
+  // that memory and maps only the rest.
+  pool.deallocate(c, 3 * g, s);
+  EXPECT_EQ(pool.release(), 3 * g);  // c's handle goes back: c's range is unmapped again
+  EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g);
+  pool.deallocate(b, g / 2, s);
+  EXPECT_EQ(pool.release(), 0U);  // b's half unit shares a's handle; now settled free
+  void* d = pool.allocate(2 * g, s);  // b's half unit, then addresses that need a handle
+  EXPECT_EQ(d, b);
+  EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g + 2 * g);
+  device_fill(d, 2 * g, 0x64, s);
+  EXPECT_EQ(device_count_mismatches(d, 2 * g, 0x64, s), 0U);
+  pool.deallocate(d, 2 * g, s);
+  pool.deallocate(a, g + g / 2, s);
+}
+
+TEST_F(VmmPool, MappedFirstReuseAcrossStreamsRespectsFences) {
+  // A block freed on stream a, flushed from a's front into the pool's mapped
+  // free ranges while a's work still uses it, must not be written by stream b.
+  vmm_pool_resource pool(0);
+  const std::size_t g = vmm::granularity(0);
+  stream a(0), b(0);
+  const std::size_t size = 2 * g + g / 2;
+  void* p = pool.allocate(size, a);
+  held_check check(p, size, 0xA5, std::chrono::milliseconds(300), a);
+  pool.deallocate(p, size, a);
+  std::vector<std::pair<void*, std::size_t>> got;
+  for (std::size_t bytes : {g, g / 2, 2 * g, g / 4, g + g / 4, g / 8}) {
+    void* q = pool.allocate(bytes, b);
+    device_fill(q, bytes, 0x11, b);
+    got.emplace_back(q, bytes);
+  }
+  EXPECT_EQ(check.mismatches(), 0U) << "another stream wrote a block before its free on stream a completed";
+  b.synchronize();
+  for (auto [q, bytes] : got) pool.deallocate(q, bytes, b);
+}
+
 TEST_F(VmmPool, PeerAccessForTheWholePool) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices";
   vmm_pool_options o;
