@@ -281,21 +281,33 @@ vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_usable(const f
   const std::size_t search = size + (alignment > granule ? alignment - granule : 0);
   for (auto fit = in.lower_bound({search, 0}); fit != in.end(); ++fit) {
     auto it = blocks.find(fit->second);
-    blk& b = it->second;
-    if (!b.pending || b.freed_on == &t) return it;
-    front& f = *b.freed_on;
-    if (f.fenced >= b.epoch && f.event != nullptr) {
-      *wait_on = f.event;
-      return it;
-    }
-    f.requested.store(true, std::memory_order_relaxed);  // fence at that stream's next free
+    if (usable(it->second, t, wait_on)) return it;
   }
   return blocks.end();
 }
 
+bool vmm_pool_resource::impl::usable(blk& b, front& t, CUevent* wait_on) {
+  if (!b.pending || b.freed_on == &t) return true;
+  front& f = *b.freed_on;
+  if (f.fenced >= b.epoch && f.event != nullptr) {
+    *wait_on = f.event;
+    return true;
+  }
+  f.requested.store(true, std::memory_order_relaxed);  // fence at that stream's next free
+  return false;
+}
+
+vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_mapped(std::size_t size, std::size_t alignment,
+                                                                        front& t, CUevent* wait_on) {
+  *wait_on = nullptr;
+  const std::size_t search = size + (alignment > granule ? alignment - granule : 0);
+  blk* b = free_mapped.find(search, [&](blk* c) { return usable(*c, t, wait_on); });
+  return b == nullptr ? blocks.end() : blocks.find(b->addr);
+}
+
 vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_any(std::size_t size, std::size_t alignment,
                                                                      front& t, CUevent* wait_on) {
-  auto it = find_usable(free_mapped, size, alignment, t, wait_on);
+  auto it = find_mapped(size, alignment, t, wait_on);
   if (it != blocks.end()) return it;
   it = find_joined(size, alignment);
   return it != blocks.end() ? it : find_usable(free_unmapped, size, alignment, t, wait_on);
@@ -368,8 +380,8 @@ std::uintptr_t vmm_pool_resource::impl::carve(block_iter it, std::size_t size, s
 vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::split_out(block_iter it, std::uintptr_t at,
                                                                        std::size_t bytes) {
   const std::uintptr_t start = it->first;
+  erase_free(start, it->second);
   const blk b = it->second;
-  erase_free(start, b);
   if (at > start) {
     it->second.size = at - start;
     insert_free(start, it->second);
@@ -402,10 +414,10 @@ void vmm_pool_resource::impl::uncarve(std::uintptr_t at) {
 }
 
 vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::split_by_mapping(block_iter it) {
-  const blk orig = it->second;
   const std::uintptr_t start = it->first;
+  erase_free(start, it->second);
+  const blk orig = it->second;
   const std::uintptr_t end = start + orig.size;
-  erase_free(start, orig);
   auto mp = maps.upper_bound(start);
   if (mp != maps.begin() && std::prev(mp)->first + std::prev(mp)->second.bytes > start) --mp;
   block_iter first = it;
@@ -430,7 +442,7 @@ vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::split_by_mapping(bl
     } else {
       last = blocks.emplace_hint(std::next(last), cur, piece);
     }
-    insert_free(cur, piece);
+    insert_free(cur, last->second);
     cur = run_end;
   }
   // Neighbouring runs differ in `mapped`: only the ends can merge with what is outside.
@@ -490,7 +502,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
   std::lock_guard lock(m.mutex);
   CUevent wait_on = nullptr;
   // Note [Mapped free ranges first]
-  auto it = m.find_usable(m.free_mapped, size, align, f, &wait_on);
+  auto it = m.find_mapped(size, align, f, &wait_on);
   if (it == m.blocks.end()) {
     // Growth or moving memory: what the fronts cache may serve instead.
     m.flush_fronts();
