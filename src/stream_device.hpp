@@ -33,10 +33,18 @@ inline void check_stream_device(stream_view stream, int device, const char* wher
 // stream is capturing, with a logic_error that says what to do instead. The
 // legacy default stream cannot be captured, so its calls skip the query (~45 ns
 // on an H200; ~28 ns for another stream).
-inline bool stream_is_capturing(CUstream h) {
+// The per-thread default stream is resolved in the calling thread's current
+// context, so `device`'s context is made current for it; a created stream needs none.
+// The stream must be alive (docs/resource-contract.md).
+inline bool stream_is_capturing(CUstream h, int device) {
   if (h == nullptr || h == CU_STREAM_LEGACY) return false;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  GPUMEM_CU(cuStreamIsCapturing, h, &status);
+  if (h == CU_STREAM_PER_THREAD) {
+    device_context_guard guard(device);
+    GPUMEM_CU(cuStreamIsCapturing, h, &status);
+  } else {
+    GPUMEM_CU(cuStreamIsCapturing, h, &status);
+  }
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 

@@ -47,6 +47,10 @@ struct vmm_pool_options {
   bool posix_fd_shareable = false;
   // Frees per stream between fence events when the pool serves several streams.
   unsigned fence_interval = 32;
+  // Refuse allocate and deallocate on a stream being captured into a CUDA graph, as
+  // pool_resource does (docs/pool.md, "CUDA graphs"): one driver query per call on
+  // streams other than the legacy default.
+  bool refuse_capture = true;
 };
 
 struct vmm_pool_statistics {

@@ -273,7 +273,7 @@ pool_resource::~pool_resource() = default;
 
 void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& p = *impl_;
-  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle())) [[unlikely]] {
+  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device)) [[unlikely]] {
     detail::throw_capturing("pool_resource", "allocate", stream.handle());
   }
   detail::arena& a = p.arena_for(stream);
@@ -297,7 +297,7 @@ void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
 void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                                   std::size_t /*alignment*/) {
   impl& p = *impl_;
-  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle())) [[unlikely]] {
+  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device)) [[unlikely]] {
     detail::throw_capturing("pool_resource", "deallocate", stream.handle());
   }
   detail::arena& a = p.arena_for(stream);

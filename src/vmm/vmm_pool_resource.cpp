@@ -14,6 +14,7 @@
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "stream_device.hpp"
 #include "vmm/vmm_pool_impl.hpp"
 
 namespace gpumem {
@@ -484,6 +485,9 @@ vmm_pool_resource::~vmm_pool_resource() = default;
 
 void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& m = *impl_;
+  if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device)) [[unlikely]] {
+    detail::throw_capturing("vmm_pool_resource", "allocate", stream.handle());
+  }
   const std::size_t align = std::max(alignment, impl::granule);
   if (bytes > m.device_total || align > m.device_total) [[unlikely]] {
     m.throw_oom(bytes, "larger than the device's memory (" + std::to_string(m.device_total) + " bytes)");
@@ -573,6 +577,9 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
 
 void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream, std::size_t /*alignment*/) {
   impl& m = *impl_;
+  if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device)) [[unlikely]] {
+    detail::throw_capturing("vmm_pool_resource", "deallocate", stream.handle());
+  }
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   impl::front& f = m.front_for(stream);
   auto fence_due = [&] {

@@ -59,6 +59,7 @@ def test_accepted_stream_forms(make, expected):
     assert gpumem._core._stream_handle(make(s)) == want
     b = gpumem.DeviceBuffer(512, make(s))
     assert b.stream == want
+    b.close()  # a raw handle does not keep `s` alive: free while it is
 
 
 @pytest.mark.parametrize(

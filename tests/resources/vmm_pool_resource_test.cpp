@@ -459,5 +459,22 @@ TEST_F(VmmPool, ManyThreadsOwnStreamsRandomSizes) {
   EXPECT_EQ(pool.statistics().used_bytes, 0U);
 }
 
+TEST(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
+  vmm_pool_resource pool(0);
+  stream s(0);
+  void* before = pool.allocate(1000, s);
+  // Relaxed: the test thread may still make other driver calls meanwhile.
+  GPUMEM_CU(cuStreamBeginCapture, s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+  EXPECT_THROW(pool.deallocate(before, 1000, s), logic_error);
+  CUgraph g = nullptr;
+  GPUMEM_CU(cuStreamEndCapture, s.handle(), &g);
+  GPUMEM_CU(cuGraphDestroy, g);
+  EXPECT_EQ(pool.statistics().allocations, 1U);
+  pool.deallocate(before, 1000, s);
+  s.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
 }  // namespace
 }  // namespace gpumem::test
