@@ -22,7 +22,10 @@ __all__ = ["allocator", "hook", "use_gpumem_for_cupy"]
 
 #: The C++ side: malloc(size, device_id) and free(ptr, device_id), plus
 #: live_allocations() (allocations CuPy still holds, for tests and tools).
-hook = _core.CupyHook(_cupy.cuda.get_current_stream)
+hook = _core.CupyHook(
+    _cupy.cuda.get_current_stream,
+    getattr(getattr(_cupy.cuda, "stream", None), "get_current_stream_ptr", None),
+)
 
 _function_allocator = _cupy.cuda.memory.PythonFunctionAllocator(hook.malloc, hook.free)
 

@@ -10,8 +10,9 @@
 // altogether, but its C malloc cannot raise: an out-of-memory would become a
 // null pointer CuPy does not check. So errors stay Python exceptions.
 //
-// The allocation is made on CuPy's current stream (get_current_stream(), read
-// per call) and freed on that stream. CuPy tells free only the pointer, so the
+// The allocation is made on CuPy's current stream (its handle read per call with
+// get_current_stream_ptr where CuPy has it, which builds no object) and freed on
+// that stream. CuPy tells free only the pointer, so the
 // hook remembers each allocation's size, resource and stream, and keeps the CuPy
 // stream object alive until the free (a user stream destroyed before its arrays
 // would otherwise leave the free ordered on a dead stream). The default streams
@@ -31,13 +32,23 @@ namespace {
 
 class cupy_hook {
  public:
-  // current_stream: CuPy's cupy.cuda.get_current_stream.
-  explicit cupy_hook(nb::object current_stream) : current_stream_(std::move(current_stream)) {}
+  // current_stream: CuPy's cupy.cuda.get_current_stream (the object, kept alive
+  // for streams other than the defaults); current_stream_ptr: a cheaper callable
+  // giving just its handle (cupy.cuda.stream.get_current_stream_ptr), or None.
+  cupy_hook(nb::object current_stream, nb::object current_stream_ptr)
+      : current_stream_(std::move(current_stream)), current_stream_ptr_(std::move(current_stream_ptr)) {}
 
   std::uintptr_t malloc(std::size_t size, int device) {
     if (size == 0) return 0;  // CuPy does not call malloc for 0; keep it harmless if it does
-    nb::object stream_obj = current_stream_();
-    const auto raw = nb::cast<std::uintptr_t>(stream_obj.attr("ptr"));
+    nb::object stream_obj;
+    std::uintptr_t raw = 0;
+    if (current_stream_ptr_.is_valid() && !current_stream_ptr_.is_none()) {
+      raw = nb::cast<std::uintptr_t>(current_stream_ptr_());
+      if (raw > 2) stream_obj = current_stream_();  // to keep it alive
+    } else {
+      stream_obj = current_stream_();
+      raw = nb::cast<std::uintptr_t>(stream_obj.attr("ptr"));
+    }
     const auto stream = reinterpret_cast<CUstream>(raw);
     std::shared_ptr<memory_resource> r = get_current_resource(device);
     void* p = nullptr;
@@ -93,6 +104,7 @@ class cupy_hook {
     nb::object stream_owner;
   };
   nb::object current_stream_;
+  nb::object current_stream_ptr_;
   std::mutex mutex_;
   std::unordered_map<void*, entry> live_;
 };
@@ -102,7 +114,8 @@ class cupy_hook {
 void bind_cupy_hook(nb::module_& m) {
   nb::class_<cupy_hook>(m, "CupyHook",
                         "malloc/free for cupy.cuda.memory.PythonFunctionAllocator (used by gpumem.cupy).")
-      .def(nb::init<nb::object>(), nb::arg("current_stream"))
+      .def(nb::init<nb::object, nb::object>(), nb::arg("current_stream"),
+           nb::arg("current_stream_ptr").none() = nb::none())
       .def("malloc", &cupy_hook::malloc, nb::arg("size"), nb::arg("device_id"))
       .def("free", &cupy_hook::free, nb::arg("ptr"), nb::arg("device_id"))
       .def("live_allocations", &cupy_hook::live_allocations);

@@ -65,6 +65,7 @@ def fake_cupy(monkeypatch):
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(
         get_current_stream=lambda: state.stream,
+        stream=types.SimpleNamespace(get_current_stream_ptr=lambda: state.stream.ptr),
         memory=types.SimpleNamespace(PythonFunctionAllocator=FakePythonFunctionAllocator),
         set_allocator=lambda f: setattr(state, "allocator", f),
     )
@@ -154,6 +155,19 @@ def test_cupy_device_follows_cupy(fake_cupy):
     state_device[0] = 1
     mp = hook.allocator(4096)
     assert mp.mem.device_id == 1
+
+
+def test_cupy_without_get_current_stream_ptr_reads_the_stream_object(fake_cupy, monkeypatch):
+    hook, state = fake_cupy
+    from gpumem import _core
+
+    plain = _core.CupyHook(lambda: state.stream)
+    stream = gpumem.Stream()
+    state.stream = FakeStream(stream.handle)
+    p = plain.malloc(256, 0)
+    assert p != 0 and plain.live_allocations() == 1
+    plain.free(p, 0)
+    assert plain.live_allocations() == 0
 
 
 def test_use_gpumem_for_cupy(fake_cupy):
