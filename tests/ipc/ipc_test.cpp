@@ -144,7 +144,9 @@ TEST(Ipc, ShareableDriverPool) {
 }
 
 TEST(Ipc, ShareableVmmPoolAcrossChunks) {
-  gpumem::vmm_pool_resource mr{0, {.posix_fd_shareable = true}};
+  gpumem::vmm_pool_options shareable;
+  shareable.posix_fd_shareable = true;
+  gpumem::vmm_pool_resource mr{0, shareable};
   gpumem::stream s{0};
   void* small = mr.allocate(4096, s);
   const std::size_t n = (5 << 20) + 1000;  // more than one 2 MiB granule, after another allocation
@@ -160,7 +162,9 @@ TEST(Ipc, ShareableVmmPoolAcrossChunks) {
 
 TEST(Ipc, DescriptorsTakenWithPidfdGetfd) {
   gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
-  gpumem::vmm_pool_resource vmm_mr{0, {.posix_fd_shareable = true}};
+  gpumem::vmm_pool_options shareable;
+  shareable.posix_fd_shareable = true;
+  gpumem::vmm_pool_resource vmm_mr{0, shareable};
   gpumem::stream s{0};
   void* a = pool_mr.allocate(65536, s);
   void* b = vmm_mr.allocate(3 << 20, s);

@@ -535,13 +535,19 @@ TEST_F(Pool, AStreamFencesWhenAnotherAsksAndTheTakerWaitsForItsEarlierWork) {
   pool.deallocate(p, 2 * MiB, a);
   void* q = pool.allocate(2 * MiB, b);
   EXPECT_NE(q, p) << "p's free is not fenced: b must not take it yet";
-  if (on_simulator()) EXPECT_EQ(event_records(), records_before) << "b must not record on a's stream";
+  if (on_simulator()) {
+    EXPECT_EQ(event_records(), records_before) << "b must not record on a's stream";
+  }
   pool.deallocate(r, 256, a);  // a was asked: this free records a's fence, after the check
-  if (on_simulator()) EXPECT_EQ(event_records(), records_before + 1);
+  if (on_simulator()) {
+    EXPECT_EQ(event_records(), records_before + 1);
+  }
   const std::uint64_t waits_before = event_waits();
   void* q2 = pool.allocate(2 * MiB, b);  // b is short again: p's chunk is fenced now
   EXPECT_EQ(q2, p);
-  if (on_simulator()) EXPECT_EQ(event_waits(), waits_before + 1);
+  if (on_simulator()) {
+    EXPECT_EQ(event_waits(), waits_before + 1);
+  }
   device_fill(q2, 2 * MiB, 0x4D, b);
   EXPECT_EQ(check.mismatches(), 0U) << "b overwrote p while a's earlier work still used it";
   EXPECT_EQ(device_count_mismatches(q2, 2 * MiB, 0x4D, b), 0U);
@@ -578,10 +584,14 @@ TEST_F(Pool, ThePerThreadDefaultStreamFencesOnItsOwnThread) {
   const std::uint64_t records_before = event_records();
   void* q = pool.allocate(2 * MiB, b);
   EXPECT_NE(q, p);
-  if (on_simulator()) EXPECT_EQ(event_records(), records_before) << "recorded on another thread's stream";
+  if (on_simulator()) {
+    EXPECT_EQ(event_records(), records_before) << "recorded on another thread's stream";
+  }
   asked.count_down();
   fenced.wait();
-  if (on_simulator()) EXPECT_EQ(event_records(), records_before + 1);
+  if (on_simulator()) {
+    EXPECT_EQ(event_records(), records_before + 1);
+  }
   void* q2 = pool.allocate(2 * MiB, b);
   EXPECT_EQ(q2, p);
   device_fill(q2, 2 * MiB, 0x6E, b);
@@ -612,7 +622,9 @@ TEST_F(Pool, MemoryOfADestroyedStreamIsReusedWithoutCallsOnIt) {
   const std::uint64_t records_before = event_records();
   void* q = pool.allocate(2 * MiB, b);  // only possible by reusing p's memory
   EXPECT_EQ(q, p);
-  if (on_simulator()) EXPECT_EQ(event_records(), records_before);
+  if (on_simulator()) {
+    EXPECT_EQ(event_records(), records_before);
+  }
   device_fill(q, 2 * MiB, 0x12, b);
   EXPECT_EQ(device_count_mismatches(q, 2 * MiB, 0x12, b), 0U);
   pool.deallocate(q, 2 * MiB, b);
