@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "driver/driver.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
 #include "vmm/virtual_memory.hpp"
 #include "vmm/vmm_pool_front.hpp"
@@ -185,6 +186,12 @@ struct vmm_pool_resource::impl {
   bool mergeable(const blk& x, const blk& y) const;
   block_iter coalesce(block_iter it);
   void record_fence(front& f);
+  // `stream` waits on the device for `fence` (another stream's frees). The default
+  // streams mean the current context's, so the pool's device is made current.
+  void wait_for(CUstream stream, CUevent fence) {
+    detail::device_context_guard g(device);
+    GPUMEM_CU(cuStreamWaitEvent, stream, fence, 0);
+  }
   void settle(bool wait, front* caller, bool device_synchronized = false);
   // Whether stream t may take free block b now (setting *wait_on when t must wait
   // for the freeing stream's fence first; asking for a fence when there is none).

@@ -529,7 +529,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
   const bool had_memory = it->second.mapped;
   const std::uintptr_t at = m.carve(it, size, align, bytes);
   if (had_memory) [[likely]] {
-    if (wait_on != nullptr) GPUMEM_CU(cuStreamWaitEvent, f.stream, wait_on, 0);
+    if (wait_on != nullptr) m.wait_for(f.stream, wait_on);
     m.used += size;
     ++m.live;
     return reinterpret_cast<void*>(at);
@@ -558,7 +558,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
         throw;
       }
       if (ok) {
-        if (wait_on != nullptr) GPUMEM_CU(cuStreamWaitEvent, f.stream, wait_on, 0);
+        if (wait_on != nullptr) m.wait_for(f.stream, wait_on);
         m.used += size;
         ++m.live;
         return reinterpret_cast<void*>(again);
@@ -569,7 +569,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
                            std::to_string(m.mapped) + " bytes, " + std::to_string(m.used) +
                            " in use; every free handle was offered)");
   }
-  if (wait_on != nullptr) GPUMEM_CU(cuStreamWaitEvent, f.stream, wait_on, 0);
+  if (wait_on != nullptr) m.wait_for(f.stream, wait_on);
   m.used += size;
   ++m.live;
   return reinterpret_cast<void*>(at);
