@@ -1,9 +1,10 @@
 // GPUMEM_CONF (include/gpumem/config.hpp, docs/configuration.md): parse the
 // string into a description, check it whole, then build the stack.
 //
-// Adding a base resource (async, managed, vmm) is one entry in `bases` and one
-// case in build_base(); adding an adaptor is one entry in `options`, one field in
-// `parsed`, and one layer in build().
+// Adding a base resource is one entry in `bases` (and its bit in the `applies`
+// of the options it takes) and one case in make_resource_from_config()'s switch;
+// adding an adaptor is one entry in `options`, one field in `parsed`, and one
+// layer in make_resource_from_config().
 #include "gpumem/config.hpp"
 
 #include <cctype>
@@ -18,49 +19,60 @@
 #include "gpumem/adaptors/logging.hpp"
 #include "gpumem/adaptors/statistics.hpp"
 #include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/async_resource.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/managed_resource.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 
 namespace gpumem {
 namespace {
 
+enum class base_id { cuda, pool, async, managed, vmm };
+
 struct base_kind {
   std::string_view name;
+  base_id id;
   bool available;
-  bool takes_pool_options;
-  std::string_view what;  // for the error of a base not available yet
+  std::string_view what;  // for the error of a base not available
 };
 
 constexpr base_kind bases[] = {
-    {"cuda", true, false, "cuda_resource"},
-    {"pool", true, true, "pool_resource over cuda_resource"},
-    {"async", false, false, "the driver's stream-ordered allocator (cuMemAllocAsync)"},
-    {"managed", false, false, "managed (unified) memory"},
-    {"vmm", false, true, "a virtual-memory pool"},
+    {"cuda", base_id::cuda, true, "cuda_resource"},
+    {"pool", base_id::pool, true, "pool_resource over cuda_resource"},
+    {"async", base_id::async, true, "async_resource: the driver's stream-ordered allocator"},
+    {"managed", base_id::managed, true, "managed_resource: managed (unified) memory"},
+    {"vmm", base_id::vmm, true, "vmm_pool_resource: a virtual-memory pool"},
 };
+
+constexpr unsigned bit(base_id b) { return 1U << static_cast<unsigned>(b); }
+constexpr unsigned any_base = bit(base_id::cuda) | bit(base_id::pool) | bit(base_id::async) |
+                              bit(base_id::managed) | bit(base_id::vmm);
 
 enum class value_kind { none, size, path, stacks_or_none };
 
 struct option_kind {
   std::string_view name;
   value_kind value;
-  bool pool_only;
+  unsigned applies;  // the bases that take it (bits of base_id)
   std::string_view help;
 };
 
 constexpr option_kind options[] = {
-    {"initial", value_kind::size, true, "bytes the pool reserves at once"},
-    {"maximum", value_kind::size, true, "most bytes the pool may hold"},
-    {"min_chunk", value_kind::size, true, "smallest upstream request of the pool"},
-    {"max_chunk", value_kind::size, true, "largest upstream request of the pool"},
-    {"limit", value_kind::size, false, "hard cap on live bytes (limiting_adaptor)"},
-    {"defer", value_kind::none, false, "deferred frees (deferred_free_adaptor)"},
-    {"track", value_kind::stacks_or_none, false, "tracking_adaptor; track=stacks records stacks"},
-    {"stats", value_kind::none, false, "statistics_adaptor, reported at exit"},
-    {"log", value_kind::path, false, "CSV event log (logging_adaptor)"},
-    {"sites", value_kind::none, false, "log each allocation's call site"},
+    {"initial", value_kind::size, bit(base_id::pool) | bit(base_id::async), "bytes the pool reserves at once"},
+    {"maximum", value_kind::size, bit(base_id::pool) | bit(base_id::async), "most bytes the pool may hold"},
+    {"min_chunk", value_kind::size, bit(base_id::pool), "smallest upstream request of the pool"},
+    {"max_chunk", value_kind::size, bit(base_id::pool), "largest upstream request of the pool"},
+    {"release_threshold", value_kind::size, bit(base_id::async) | bit(base_id::vmm),
+     "free memory the pool keeps; above it, memory goes back to the device"},
+    {"limit", value_kind::size, any_base, "hard cap on live bytes (limiting_adaptor)"},
+    {"defer", value_kind::none, any_base, "deferred frees (deferred_free_adaptor)"},
+    {"track", value_kind::stacks_or_none, any_base, "tracking_adaptor; track=stacks records stacks"},
+    {"stats", value_kind::none, any_base, "statistics_adaptor, reported at exit"},
+    {"log", value_kind::path, any_base, "CSV event log (logging_adaptor)"},
+    {"sites", value_kind::none, any_base, "log each allocation's call site"},
 };
 
 // A size: bytes with an optional binary suffix, or a percentage of device memory.
@@ -72,7 +84,7 @@ struct size_spec {
 
 struct parsed {
   const base_kind* base = nullptr;
-  std::optional<size_spec> initial, maximum, min_chunk, max_chunk, limit;
+  std::optional<size_spec> initial, maximum, min_chunk, max_chunk, release_threshold, limit;
   bool defer = false, stats = false, track = false, track_stacks = false, sites = false;
   std::optional<std::string> log;
 };
@@ -108,6 +120,20 @@ std::string known_options() {
   for (const auto& o : options) {
     if (!s.empty()) s += ", ";
     s += o.name;
+  }
+  return s;
+}
+
+// "pool", "pool or async", "pool, async or vmm": the bases an option applies to.
+std::string bases_taking(unsigned applies) {
+  std::vector<std::string_view> names;
+  for (const auto& b : bases) {
+    if ((applies & bit(b.id)) != 0) names.push_back(b.name);
+  }
+  std::string s;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    if (k > 0) s += k + 1 == names.size() ? " or " : ", ";
+    s += names[k];
   }
   return s;
 }
@@ -186,9 +212,9 @@ parsed parse(std::string_view conf) {
       if (s == name) fail(conf, "option \"" + name + "\" is given twice");
     }
     seen.push_back(name);
-    if (o->pool_only && !p.base->takes_pool_options) {
-      fail(conf, "option \"" + std::string(token) + "\" applies to a pool, not to base \"" +
-                     std::string(p.base->name) + "\"");
+    if ((o->applies & bit(p.base->id)) == 0) {
+      fail(conf, "option \"" + std::string(token) + "\" applies to " + bases_taking(o->applies) +
+                     ", not to base \"" + std::string(p.base->name) + "\"");
     }
     switch (o->value) {
       case value_kind::none:
@@ -206,6 +232,7 @@ parsed parse(std::string_view conf) {
         else if (name == "maximum") p.maximum = sz;
         else if (name == "min_chunk") p.min_chunk = sz;
         else if (name == "max_chunk") p.max_chunk = sz;
+        else if (name == "release_threshold") p.release_threshold = sz;
         else p.limit = sz;
         break;
       }
@@ -239,8 +266,8 @@ std::size_t resolve(const size_spec& s, std::size_t device_total) {
 
 std::string describe_config(std::string_view conf) {
   const parsed p = parse(conf);
-  std::string s = p.base->name == "pool" ? "pool(cuda)" : "cuda";
-  if (p.log && p.base->name == "pool") s = "pool(log:upstream(cuda))";
+  std::string s(p.base->name);
+  if (p.base->id == base_id::pool) s = p.log ? "pool(log:upstream(cuda))" : "pool(cuda)";
   if (p.limit) s = "limit(" + s + ")";
   if (p.defer) s = "defer(" + s + ")";
   if (p.track) s = "track(" + s + ")";
@@ -258,20 +285,48 @@ std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf
   std::shared_ptr<event_log> log;
   if (p.log) log = event_log::open(*p.log);
 
-  std::shared_ptr<memory_resource> r = std::make_shared<cuda_resource>(d);
-  if (hooks.wrap_device_memory) r = hooks.wrap_device_memory(std::move(r));
-  if (p.base->name == "pool") {
-    if (log) r = std::make_shared<logging_adaptor>(std::move(r), log, logging_options{"upstream", false});
-    pool_options o;
-    if (p.initial) o.initial_bytes = resolve(*p.initial, total);
-    if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
-    if (p.min_chunk) o.min_chunk_bytes = resolve(*p.min_chunk, total);
-    if (p.max_chunk) o.max_chunk_bytes = resolve(*p.max_chunk, total);
-    try {
-      r = std::make_shared<pool_resource>(std::move(r), o);
-    } catch (const logic_error& e) {
-      fail(conf, e.what());
+  std::shared_ptr<memory_resource> r;
+  // The resources' own checks of their options come back as configuration errors.
+  try {
+    switch (p.base->id) {
+      case base_id::cuda:
+      case base_id::pool:
+        r = std::make_shared<cuda_resource>(d);
+        if (hooks.wrap_device_memory) r = hooks.wrap_device_memory(std::move(r));
+        if (p.base->id == base_id::cuda) break;
+        if (log) r = std::make_shared<logging_adaptor>(std::move(r), log, logging_options{"upstream", false});
+        {
+          pool_options o;
+          if (p.initial) o.initial_bytes = resolve(*p.initial, total);
+          if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
+          if (p.min_chunk) o.min_chunk_bytes = resolve(*p.min_chunk, total);
+          if (p.max_chunk) o.max_chunk_bytes = resolve(*p.max_chunk, total);
+          r = std::make_shared<pool_resource>(std::move(r), o);
+        }
+        break;
+      case base_id::managed:
+        r = std::make_shared<managed_resource>(d);
+        if (hooks.wrap_device_memory) r = hooks.wrap_device_memory(std::move(r));
+        break;
+      case base_id::async: {
+        // The pool is the driver's: no resource under it to wrap or to log.
+        async_options o;
+        if (p.initial) o.initial_bytes = resolve(*p.initial, total);
+        if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
+        if (p.release_threshold) o.release_threshold_bytes = resolve(*p.release_threshold, total);
+        r = std::make_shared<async_resource>(d, o);
+        break;
+      }
+      case base_id::vmm: {
+        // The pool maps physical memory itself: no resource under it to wrap or to log.
+        vmm_pool_options o;
+        if (p.release_threshold) o.release_threshold_bytes = resolve(*p.release_threshold, total);
+        r = std::make_shared<vmm_pool_resource>(d, std::move(o));
+        break;
+      }
     }
+  } catch (const logic_error& e) {
+    fail(conf, e.what());
   }
   if (p.limit) {
     const std::size_t limit = resolve(*p.limit, total);

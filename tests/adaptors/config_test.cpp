@@ -2,15 +2,23 @@
 // resource following it.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
+
 #include "adaptors/adaptor_test_support.hpp"
 #include "gpumem/adaptors/deferred_free.hpp"
 #include "gpumem/adaptors/limiting.hpp"
 #include "gpumem/adaptors/logging.hpp"
+#include "gpumem/adaptors/resource_adaptor.hpp"
 #include "gpumem/adaptors/statistics.hpp"
+#include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/async_resource.hpp"
 #include "gpumem/config.hpp"
 #include "gpumem/current_resource.hpp"
 #include "gpumem/device.hpp"
+#include "gpumem/managed_resource.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -34,6 +42,14 @@ TEST(Config, AdaptorsAreLayeredInOneOrderWhateverTheOrderWritten) {
   EXPECT_EQ(describe_config("pool,stats,limit=1G,defer,track"), "stats(track(defer(limit(pool(cuda)))))");
   EXPECT_EQ(describe_config("pool,log=/tmp/x.csv,stats"), "log(stats(pool(log:upstream(cuda))))");
   EXPECT_EQ(describe_config("cuda,track=stacks,log=x.csv,sites"), "log(track(cuda))");
+  EXPECT_EQ(describe_config("async"), "async");
+  EXPECT_EQ(describe_config("MANAGED"), "managed");
+  EXPECT_EQ(describe_config("vmm"), "vmm");
+  EXPECT_EQ(describe_config("async,initial=1M,maximum=50%,release_threshold=2M,stats"), "stats(async)");
+  EXPECT_EQ(describe_config("vmm,log=x.csv,limit=1G,defer,track,stats,sites,release_threshold=1G"),
+            "log(stats(track(defer(limit(vmm)))))")
+      << "no upstream log: the pool's memory does not pass through a resource below it";
+  EXPECT_EQ(describe_config("managed,log=x.csv,track=stacks"), "log(track(managed))");
 }
 
 TEST(Config, ErrorsNameTheBadToken) {
@@ -42,24 +58,211 @@ TEST(Config, ErrorsNameTheBadToken) {
   EXPECT_NE(error_of("pool,initial=0").find("is not a size"), std::string::npos);
   EXPECT_NE(error_of("pool,maximum=150%").find("is not a size"), std::string::npos);
   EXPECT_NE(error_of("pool,initial").find("option \"initial\" needs a size"), std::string::npos);
-  EXPECT_NE(error_of("cuda,initial=1G").find("applies to a pool, not to base \"cuda\""), std::string::npos);
+  EXPECT_NE(error_of("cuda,initial=1G").find("option \"initial=1G\" applies to pool or async, not to base \"cuda\""),
+            std::string::npos);
   EXPECT_NE(error_of("pool,stats,stats").find("\"stats\" is given twice"), std::string::npos);
   EXPECT_NE(error_of("pool,stats=1").find("takes no value"), std::string::npos);
   EXPECT_NE(error_of("pool,,stats").find("empty option"), std::string::npos);
   EXPECT_NE(error_of("").find("empty"), std::string::npos);
-  EXPECT_NE(error_of("heap").find("unknown base resource \"heap\""), std::string::npos);
+  EXPECT_NE(error_of("heap").find("unknown base resource \"heap\" (known: cuda, pool, async, managed, vmm)"),
+            std::string::npos);
   EXPECT_NE(error_of("initial=1G").find("first token must name a base resource"), std::string::npos);
   EXPECT_NE(error_of("pool,log=").find("needs a path"), std::string::npos);
   EXPECT_NE(error_of("pool,sites").find("needs log=PATH"), std::string::npos);
   EXPECT_NE(error_of("pool,track=all").find("track takes no value or \"stacks\""), std::string::npos);
-  // Resources planned but not built yet are named as such.
-  for (const char* planned : {"async", "managed", "vmm"}) {
-    const std::string e = error_of(planned);
-    EXPECT_NE(e.find("is not available in this version of gpumem"), std::string::npos) << e;
-    EXPECT_NE(e.find("available: cuda, pool"), std::string::npos) << e;
-  }
   EXPECT_NE(error_of("pool,x=1").find("GPUMEM_CONF \"pool,x=1\""), std::string::npos) << "the whole string is quoted";
   EXPECT_THROW(make_resource_from_config("pool,bogus", 0), logic_error);
+}
+
+TEST(Config, OptionsABaseDoesNotTakeAreRefused) {
+  const struct {
+    const char* conf;
+    const char* message;
+  } refused[] = {
+      {"vmm,maximum=1G", "option \"maximum=1G\" applies to pool or async, not to base \"vmm\""},
+      {"vmm,initial=64M", "option \"initial=64M\" applies to pool or async, not to base \"vmm\""},
+      {"vmm,min_chunk=2M", "option \"min_chunk=2M\" applies to pool, not to base \"vmm\""},
+      {"async,max_chunk=1G", "option \"max_chunk=1G\" applies to pool, not to base \"async\""},
+      {"managed,initial=1G", "option \"initial=1G\" applies to pool or async, not to base \"managed\""},
+      {"managed,release_threshold=1G",
+       "option \"release_threshold=1G\" applies to async or vmm, not to base \"managed\""},
+      {"pool,release_threshold=1G", "option \"release_threshold=1G\" applies to async or vmm, not to base \"pool\""},
+      {"cuda,release_threshold=1G", "applies to async or vmm, not to base \"cuda\""},
+  };
+  for (const auto& r : refused) {
+    const std::string e = error_of(r.conf);
+    EXPECT_NE(e.find(r.message), std::string::npos) << r.conf << ": " << e;
+    EXPECT_NE(e.find(std::string("GPUMEM_CONF \"") + r.conf + "\""), std::string::npos) << e;
+    EXPECT_THROW(make_resource_from_config(r.conf, 0), logic_error) << r.conf;
+  }
+  // The adaptors apply to every base.
+  for (const char* base : {"cuda", "pool", "async", "managed", "vmm"}) {
+    EXPECT_NO_THROW(describe_config(std::string(base) + ",limit=1G,defer,track=stacks,stats,log=x.csv,sites")) << base;
+  }
+  EXPECT_NE(error_of("vmm,release_threshold").find("option \"release_threshold\" needs a size"), std::string::npos);
+  EXPECT_NE(error_of("async,release_threshold=0").find("is not a size"), std::string::npos);
+}
+
+TEST(Config, AsyncBuildsTheDriversStreamOrderedPool) {
+  auto r = make_resource_from_config("async,initial=4M,maximum=64MiB,release_threshold=8M", 0);
+  auto* async = dynamic_cast<async_resource*>(r.get());
+  ASSERT_NE(async, nullptr) << describe_config("async");
+  EXPECT_TRUE(async->owns_pool()) << "a pool of its own, so that the options apply to it alone";
+  EXPECT_EQ(async->device(), 0);
+  EXPECT_EQ(async->release_threshold(), 8 * MiB);
+  EXPECT_GE(async->statistics().reserved_bytes, 4 * MiB) << "initial is reserved at construction";
+  const resource_properties props = r->properties();
+  EXPECT_EQ(props.device, 0);
+  EXPECT_TRUE(props.device_accessible);
+  EXPECT_FALSE(props.host_accessible);
+  EXPECT_TRUE(props.thread_safe);
+  stream s(0);
+  void* p = r->allocate(MiB, s);
+  device_fill(p, MiB, 0xA5, s);
+  EXPECT_EQ(device_count_mismatches(p, MiB, 0xA5, s), 0U);
+  EXPECT_EQ(async->allocated_bytes(), MiB);
+  EXPECT_THROW(r->allocate(65 * MiB, s), out_of_memory) << "maximum bounds the pool";
+  r->deallocate(p, MiB, s);
+  s.synchronize();
+  EXPECT_EQ(async->allocation_count(), 0U);
+
+  auto whole = make_resource_from_config("async,release_threshold=1%", 0);
+  EXPECT_EQ(dynamic_cast<async_resource*>(whole.get())->release_threshold(), device_memory_info(0).total_bytes / 100);
+  auto keep_all = make_resource_from_config("async", 0);
+  EXPECT_EQ(dynamic_cast<async_resource*>(keep_all.get())->release_threshold(), std::numeric_limits<std::size_t>::max())
+      << "without release_threshold the pool keeps what it has, as pool does";
+
+  try {
+    make_resource_from_config("async,initial=16M,release_threshold=8M", 0);
+    ADD_FAILURE() << "initial above release_threshold was accepted";
+  } catch (const logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("GPUMEM_CONF \"async,initial=16M,release_threshold=8M\""), std::string::npos) << what;
+    EXPECT_NE(what.find("above release_threshold_bytes"), std::string::npos) << what;
+  }
+  EXPECT_THROW(make_resource_from_config("async,initial=2M,maximum=1M", 0), logic_error);
+}
+
+TEST(Config, ManagedBuildsManagedMemoryTheHostCanTouch) {
+  auto r = make_resource_from_config("managed", 0);
+  auto* managed = dynamic_cast<managed_resource*>(r.get());
+  ASSERT_NE(managed, nullptr);
+  EXPECT_EQ(managed->device(), 0);
+  EXPECT_EQ(managed->attach(), managed_attach::global);
+  const resource_properties props = r->properties();
+  EXPECT_EQ(props.device, 0);
+  EXPECT_TRUE(props.device_accessible);
+  EXPECT_TRUE(props.host_accessible);
+  EXPECT_TRUE(props.thread_safe);
+  stream s(0);
+  auto* p = static_cast<unsigned char*>(r->allocate(MiB, s));
+  EXPECT_EQ(managed->allocated_bytes(), MiB);
+  s.synchronize();
+  std::memset(p, 0x3C, MiB);
+  EXPECT_EQ(device_count_mismatches(p, MiB, 0x3C, s), 0U) << "the device reads what the host wrote";
+  r->deallocate(p, MiB, s);
+  EXPECT_EQ(managed->allocation_count(), 0U);
+}
+
+TEST(Config, VmmBuildsTheVirtualMemoryPool) {
+  auto r = make_resource_from_config("vmm,release_threshold=2MiB", 0);
+  auto* vmm = dynamic_cast<vmm_pool_resource*>(r.get());
+  ASSERT_NE(vmm, nullptr);
+  EXPECT_EQ(vmm->options().release_threshold_bytes, 2 * MiB);
+  const resource_properties props = r->properties();
+  EXPECT_EQ(props.device, 0);
+  EXPECT_TRUE(props.device_accessible);
+  EXPECT_FALSE(props.host_accessible);
+  EXPECT_TRUE(props.thread_safe);
+  stream s(0);
+  void* p = r->allocate(3 * MiB, s);
+  device_fill(p, 3 * MiB, 0x77, s);
+  EXPECT_EQ(device_count_mismatches(p, 3 * MiB, 0x77, s), 0U);
+  EXPECT_EQ(vmm->statistics().allocations, 1U);
+  EXPECT_GE(vmm->statistics().mapped_bytes, 3 * MiB);
+  r->deallocate(p, 3 * MiB, s);
+  s.synchronize();
+  EXPECT_EQ(vmm->statistics().allocations, 0U);
+  EXPECT_EQ(vmm->statistics().used_bytes, 0U);
+
+  auto keep_all = make_resource_from_config("vmm", 0);
+  EXPECT_EQ(dynamic_cast<vmm_pool_resource*>(keep_all.get())->options().release_threshold_bytes,
+            std::numeric_limits<std::size_t>::max());
+}
+
+// Walks a stack down to its base through the adaptors' upstream().
+memory_resource& base_of(memory_resource& r) {
+  memory_resource* m = &r;
+  while (auto* a = dynamic_cast<resource_adaptor*>(m)) m = &a->upstream();
+  return *m;
+}
+
+TEST(Config, EveryAdaptorWorksOverTheNewBases) {
+  for (const char* base : {"async", "managed", "vmm"}) {
+    SCOPED_TRACE(base);
+    temp_path file("conf-base.csv");
+    auto r = make_resource_from_config(std::string(base) + ",limit=8M,defer,track,stats,log=" + file.str(), 0);
+    auto* log = dynamic_cast<logging_adaptor*>(r.get());
+    ASSERT_NE(log, nullptr);
+    auto* stats = dynamic_cast<statistics_adaptor*>(&log->upstream());
+    ASSERT_NE(stats, nullptr);
+    auto* track = dynamic_cast<tracking_adaptor*>(&stats->upstream());
+    ASSERT_NE(track, nullptr);
+    auto* defer = dynamic_cast<deferred_free_adaptor*>(&track->upstream());
+    ASSERT_NE(defer, nullptr);
+    auto* limit = dynamic_cast<limiting_adaptor*>(&defer->upstream());
+    ASSERT_NE(limit, nullptr);
+    EXPECT_EQ(limit->limit_bytes(), 8 * MiB);
+    memory_resource& b = base_of(*r);
+    EXPECT_EQ(&b, &limit->upstream());
+    const bool right_type = std::string_view(base) == "async"     ? dynamic_cast<async_resource*>(&b) != nullptr
+                            : std::string_view(base) == "managed" ? dynamic_cast<managed_resource*>(&b) != nullptr
+                                                                  : dynamic_cast<vmm_pool_resource*>(&b) != nullptr;
+    EXPECT_TRUE(right_type) << "the stack's base is the resource " << base << " names";
+    EXPECT_EQ(r->properties().host_accessible, std::string_view(base) == "managed") << "the base's properties show through";
+
+    stream s(0);
+    void* p = r->allocate(MiB, s);
+    device_fill(p, MiB, 0x11, s);
+    EXPECT_EQ(device_count_mismatches(p, MiB, 0x11, s), 0U);
+    EXPECT_EQ(stats->statistics().current_bytes, MiB);
+    EXPECT_THROW(r->allocate(8 * MiB, s), out_of_memory) << "the limit is in the stack";
+    r->deallocate(p, MiB, s);
+    s.synchronize();
+    log->flush();
+    const csv_file csv = read_csv(file.str());
+    EXPECT_EQ(csv.rows.size(), 3U) << "allocate, the refused allocate, free";
+    for (const auto& row : csv.rows) EXPECT_EQ(row.at("source"), "app");
+    testing::internal::CaptureStderr();
+    r.reset();
+    EXPECT_NE(testing::internal::GetCapturedStderr().find("statistics (GPUMEM_CONF): peak 1.00 MiB"),
+              std::string::npos);
+  }
+}
+
+TEST(Config, TheDeviceMemoryHookWrapsWhatTakesMemoryFromTheDriver) {
+  for (const char* base : {"cuda", "pool", "managed", "async", "vmm"}) {
+    SCOPED_TRACE(base);
+    int calls = 0;
+    std::string wrapped;
+    config_hooks hooks;
+    hooks.wrap_device_memory = [&](std::shared_ptr<memory_resource> up) {
+      ++calls;
+      if (dynamic_cast<cuda_resource*>(up.get()) != nullptr) wrapped = "cuda";
+      if (dynamic_cast<managed_resource*>(up.get()) != nullptr) wrapped = "managed";
+      return std::shared_ptr<memory_resource>(std::make_shared<statistics_adaptor>(std::move(up)));
+    };
+    auto r = make_resource_from_config(base, 0, hooks);
+    const std::string_view b(base);
+    if (b == "async" || b == "vmm") {
+      EXPECT_EQ(calls, 0) << "the pool takes its memory inside the resource";
+      continue;
+    }
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(wrapped, b == "managed" ? "managed" : "cuda");
+    void* p = r->allocate(MiB, stream_view{});
+    r->deallocate(p, MiB, stream_view{});
+  }
 }
 
 TEST(Config, SizesAreBytesOrPercentOfTheDevice) {
@@ -129,6 +332,20 @@ TEST(Config, TheDefaultCurrentResourceFollowsGpumemConf) {
     } catch (const logic_error& e) {
       EXPECT_NE(std::string(e.what()).find("banana"), std::string::npos) << e.what();
     }
+  }
+  {
+    scoped_env conf("GPUMEM_CONF", "vmm,stats");
+    set_current_resource(0, nullptr);
+    auto r = get_current_resource(0);
+    auto* st = dynamic_cast<statistics_adaptor*>(r.get());
+    ASSERT_NE(st, nullptr);
+    EXPECT_NE(dynamic_cast<vmm_pool_resource*>(&st->upstream()), nullptr);
+    void* p = r->allocate(MiB, stream_view{});
+    r->deallocate(p, MiB, stream_view{});
+    testing::internal::CaptureStderr();
+    set_current_resource(0, nullptr);
+    r.reset();
+    testing::internal::GetCapturedStderr();
   }
   {
     scoped_env conf("GPUMEM_CONF", "");

@@ -101,8 +101,12 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(r.peak_live_bytes),
                 human_bytes(static_cast<double>(r.peak_live_bytes)).c_str(),
                 static_cast<unsigned long long>(r.log_peak_live_bytes));
-    std::printf("peak reserved:  %llu bytes (%s)", static_cast<unsigned long long>(r.peak_reserved_bytes),
-                human_bytes(static_cast<double>(r.peak_reserved_bytes)).c_str());
+    if (r.reserved_counted) {
+      std::printf("peak reserved:  %llu bytes (%s)", static_cast<unsigned long long>(r.peak_reserved_bytes),
+                  human_bytes(static_cast<double>(r.peak_reserved_bytes)).c_str());
+    } else {
+      std::printf("peak reserved:  not counted (this base's pool takes device memory inside the resource)");
+    }
     if (r.log_peak_reserved_bytes > 0) {
       std::printf("; in the log: %llu bytes", static_cast<unsigned long long>(r.log_peak_reserved_bytes));
     }
@@ -120,6 +124,7 @@ int main(int argc, char** argv) {
           << ",\"threads\":" << r.threads << ",\"streams\":" << r.streams << ",\"seconds\":" << r.seconds
           << ",\"peak_live_bytes\":" << r.peak_live_bytes << ",\"log_peak_live_bytes\":" << r.log_peak_live_bytes
           << ",\"peak_reserved_bytes\":" << r.peak_reserved_bytes
+          << ",\"reserved_counted\":" << (r.reserved_counted ? "true" : "false")
           << ",\"log_peak_reserved_bytes\":" << r.log_peak_reserved_bytes << ",\"failures\":" << r.failures
           << ",\"skipped\":" << r.skipped << ",\"left_live\":" << r.left_live << "}\n";
       if (!out) {

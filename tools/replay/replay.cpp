@@ -266,13 +266,16 @@ replay_result replay_events(const std::vector<logged_event>& events, const repla
   // The stack, with what it takes from the driver counted.
   peak_counter reserved;
   config_hooks hooks;
+  bool counted = false;
   hooks.wrap_device_memory = [&](std::shared_ptr<memory_resource> r) {
+    counted = true;
     return std::shared_ptr<memory_resource>(std::make_shared<counting_adaptor>(std::move(r), reserved));
   };
   std::shared_ptr<memory_resource> stack = make_resource_from_config(options.resource, options.device, hooks);
   replay_result result = replay_events_on(events, *stack, options);
   stack.reset();  // a pool gives its chunks back: the peak is final
   result.peak_reserved_bytes = reserved.peak.load();
+  result.reserved_counted = counted;
   return result;
 }
 

@@ -39,6 +39,9 @@ struct replay_result {
   std::uint64_t log_peak_live_bytes = 0;  // what the log itself says
   std::uint64_t peak_live_bytes = 0;      // measured during the replay
   std::uint64_t peak_reserved_bytes = 0;  // what the stack took from the driver, at most
+  // Whether peak_reserved_bytes was counted: not for the bases async and vmm, whose
+  // pools take device memory inside the resource (config_hooks::wrap_device_memory).
+  bool reserved_counted = false;
   std::uint64_t log_peak_reserved_bytes = 0;  // from "upstream" rows, when the log has them
   std::vector<std::string> failure_messages;  // the first few
 };

@@ -91,6 +91,20 @@ TEST(Replay, ReproducesTheOriginalPeakExactly) {
   const auto c = replay_events(events, o);
   EXPECT_EQ(c.peak_live_bytes, original.peak_live);
   EXPECT_EQ(c.peak_reserved_bytes, original.peak_live);
+  EXPECT_TRUE(c.reserved_counted);
+  // Against pools that take device memory inside the resource, it is not counted.
+  for (const char* base : {"async", "vmm"}) {
+    o.resource = base;
+    const auto v = replay_events(events, o);
+    EXPECT_EQ(v.peak_live_bytes, original.peak_live) << base;
+    EXPECT_EQ(v.failures, 0U) << base;
+    EXPECT_FALSE(v.reserved_counted) << base;
+    EXPECT_EQ(v.peak_reserved_bytes, 0U) << base;
+  }
+  o.resource = "managed";
+  const auto m = replay_events(events, o);
+  EXPECT_TRUE(m.reserved_counted);
+  EXPECT_EQ(m.peak_reserved_bytes, original.peak_live) << "managed memory is taken per allocation";
 }
 
 TEST(Replay, KeepsTheOrderOfManyThreadsAndStreams) {
