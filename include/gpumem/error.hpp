@@ -76,6 +76,7 @@ enum class ipc_errc {
   same_process,        // imported in the process that exported it
   device_not_visible,  // the exporter's device (by UUID) is not visible in this process
   descriptor_unavailable,  // pidfd_getfd or the descriptor channel could not supply a descriptor
+  peer_access_unavailable,  // the device asked to use imported memory cannot access its device
 };
 
 class GPUMEM_EXPORT ipc_error : public std::runtime_error {

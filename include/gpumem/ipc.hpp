@@ -105,6 +105,9 @@ class GPUMEM_EXPORT ipc_mapping {
   void* data() const noexcept { return ptr_; }
   std::size_t size() const noexcept { return size_; }
   int device() const noexcept { return device_; }  // this process's ordinal of the memory's device
+  // The device the mapping was made for (import_options::device): device() unless
+  // imported for another device through peer access.
+  int user_device() const noexcept { return user_device_; }
   ipc_kind kind() const noexcept { return kind_; }
   explicit operator bool() const noexcept { return ptr_ != nullptr; }
   // Unmaps now; throws cuda_error if the driver refuses (the destructor logs instead).
@@ -115,6 +118,7 @@ class GPUMEM_EXPORT ipc_mapping {
   void* ptr_ = nullptr;
   std::size_t size_ = 0;
   int device_ = -1;
+  int user_device_ = -1;
   ipc_kind kind_ = ipc_kind::legacy;
   std::uintptr_t base_ = 0;       // what the driver mapped (legacy base, pool block, vmm reservation)
   std::size_t mapped_bytes_ = 0;  // vmm: the reservation's size
@@ -134,5 +138,15 @@ GPUMEM_EXPORT ipc_handle export_allocation(const void* ptr, std::size_t bytes);
 // allocation or pool are shared within the process (counted), so importing two
 // sub-allocations of one base allocation works (the driver refuses a second open).
 GPUMEM_EXPORT ipc_mapping import_allocation(const ipc_handle& handle);
+
+struct import_options {
+  // The ordinal (in this process) of the device that will use the memory; -1: the
+  // memory's own device. Another device gets access through peer access (legacy: the
+  // handle is opened with lazy peer access; pool: cuMemPoolSetAccess; vmm: cuMemSetAccess
+  // for both devices). ipc_error(peer_access_unavailable) where cuDeviceCanAccessPeer
+  // says it cannot access the memory's device.
+  int device = -1;
+};
+GPUMEM_EXPORT ipc_mapping import_allocation(const ipc_handle& handle, const import_options& options);
 
 }  // namespace gpumem

@@ -25,6 +25,11 @@ GPUMEM_EXPORT void fail_allocations_at_random(double probability, std::uint64_t 
 // Number of allocations the fault injection has failed so far.
 GPUMEM_EXPORT std::uint64_t injected_failures();
 
+// Whether cuDeviceCanAccessPeer says two different devices can access each other's
+// memory (default true: every simulated device is host memory). false simulates a
+// machine without peer access. Also GPUMEM_SIM_PEER_ACCESS=0|1 at start.
+GPUMEM_EXPORT void set_peer_access(bool enabled);
+
 // Bytes of a device's simulated memory in use (as the driver counts them, rounded up
 // to its allocation granularity).
 GPUMEM_EXPORT std::size_t used_bytes(int device);

@@ -84,6 +84,8 @@
 //  cuLaunchKernel              ctx, kernel of a module of the ctx  => the kernel queued on the stream
 //  Sharing memory between processes (src/ipc, docs/ipc.md; the simulator's model is in src/sim/sim_ipc.hpp):
 //  cuDeviceGetUuid             valid ordinal                       => the device's identity across processes
+//  cuDeviceCanAccessPeer       two valid ordinals                  => 1 if the first can access the second's
+//                              memory (peer access over NVLink or PCIe), else 0; 0 for one device and itself
 //  cuIpcGetMemHandle           ctx, base of a cuMemAlloc allocation => a handle naming the whole allocation
 //  cuIpcOpenMemHandle          ctx, a handle of another process    => its base mapped here; the same
 //                              handle twice in one process, or in the exporter: an error
@@ -182,6 +184,7 @@
   X(cuMemExportToShareableHandle, 10020)    \
   X(cuMemImportFromShareableHandle, 10020)  \
   X(cuDeviceGetUuid, 11040)                 \
+  X(cuDeviceCanAccessPeer, 4000)            \
   X(cuIpcGetMemHandle, 4010)                \
   X(cuIpcOpenMemHandle, 11000)              \
   X(cuIpcCloseMemHandle, 4010)              \

@@ -20,12 +20,13 @@ struct ipc_access {
   static std::vector<piece>& pieces(ipc_handle& h) { return h.pieces_; }
   static const std::vector<piece>& pieces(const ipc_handle& h) { return h.pieces_; }
 
-  static ipc_mapping make_mapping(void* ptr, std::size_t size, int device, ipc_kind kind, std::uintptr_t base,
-                                  std::size_t mapped_bytes, std::uintptr_t cache_key) {
+  static ipc_mapping make_mapping(void* ptr, std::size_t size, int device, int user_device, ipc_kind kind,
+                                  std::uintptr_t base, std::size_t mapped_bytes, std::uintptr_t cache_key) {
     ipc_mapping m;
     m.ptr_ = ptr;
     m.size_ = size;
     m.device_ = device;
+    m.user_device_ = user_device;
     m.kind_ = kind;
     m.base_ = base;
     m.mapped_bytes_ = mapped_bytes;

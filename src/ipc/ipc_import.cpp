@@ -77,7 +77,28 @@ struct scoped_fd {
   }
 };
 
-ipc_mapping import_legacy(const ipc_handle& h, int device) {
+// Note [Importing for another device]
+// import_options::device names the device that will use the memory. The memory stays
+// mapped in its own device's context (legacy and pool mappings are shared process-wide,
+// and close() unmaps there); the user device gets access as each kind allows: a legacy
+// handle is opened with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, an imported pool gets
+// cuMemPoolSetAccess, a vmm range cuMemSetAccess for both devices. All of it needs
+// peer access, checked first with cuDeviceCanAccessPeer.
+void require_peer_access(int user, int owner) {
+  int can = 0;
+  GPUMEM_CU(cuDeviceCanAccessPeer, &can, static_cast<CUdevice>(user), static_cast<CUdevice>(owner));
+  if (can == 0) {
+    throw_ipc(ipc_errc::peer_access_unavailable,
+              "gpumem::import_allocation: device " + std::to_string(user) + " cannot use memory of device " +
+                  std::to_string(owner) + ": cuDeviceCanAccessPeer(" + std::to_string(user) + ", " +
+                  std::to_string(owner) +
+                  ") says 0 (no peer access between them: no NVLink or PCIe peer path, or the platform "
+                  "disables it); import for device " +
+                  std::to_string(owner) + " and copy instead");
+  }
+}
+
+ipc_mapping import_legacy(const ipc_handle& h, int device, int user) {
   std::array<std::byte, sizeof(CUipcMemHandle)> key{};
   std::memcpy(key.data(), h.driver_bytes().data(), key.size());
   import_cache& c = cache();
@@ -96,11 +117,11 @@ ipc_mapping import_legacy(const ipc_handle& h, int device) {
     it->second.base = base;
   }
   ++it->second.references;
-  return ipc_access::make_mapping(reinterpret_cast<void*>(it->second.base + h.offset()), h.size(), device,
+  return ipc_access::make_mapping(reinterpret_cast<void*>(it->second.base + h.offset()), h.size(), device, user,
                                   ipc_kind::legacy, it->second.base, 0, reinterpret_cast<std::uintptr_t>(&it->second));
 }
 
-ipc_mapping import_pool(const ipc_handle& h, int device) {
+ipc_mapping import_pool(const ipc_handle& h, int device, int user) {
   const auto pool_id = static_cast<std::uint64_t>(ipc_access::pieces(h)[0].bytes);
   import_cache& c = cache();
   std::lock_guard lock(c.mutex);
@@ -130,12 +151,27 @@ ipc_mapping import_pool(const ipc_handle& h, int device) {
     }
     detail::check(r, "cuMemPoolImportPointer", __FILE__, __LINE__);
   }
+  if (user != device) {
+    // Access is per pool in this process; granting it again for a later import is harmless.
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = user;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (CUresult r = detail::driver().cuMemPoolSetAccess(entry.pool, &access, 1); r != CUDA_SUCCESS) {
+      detail::driver().cuMemFree(block);
+      if (entry.references == 0) {
+        detail::driver().cuMemPoolDestroy(entry.pool);
+        c.pools.erase(it);
+      }
+      detail::check(r, "cuMemPoolSetAccess", __FILE__, __LINE__);
+    }
+  }
   ++entry.references;
-  return ipc_access::make_mapping(reinterpret_cast<void*>(block + h.offset()), h.size(), device, ipc_kind::pool,
+  return ipc_access::make_mapping(reinterpret_cast<void*>(block + h.offset()), h.size(), device, user, ipc_kind::pool,
                                   block, 0, reinterpret_cast<std::uintptr_t>(&entry));
 }
 
-ipc_mapping import_vmm(const ipc_handle& h, int device) {
+ipc_mapping import_vmm(const ipc_handle& h, int device, int user) {
   const auto& pieces = ipc_access::pieces(h);
   std::size_t total = 0;
   for (const auto& p : pieces) total += p.bytes;
@@ -160,17 +196,20 @@ ipc_mapping import_vmm(const ipc_handle& h, int device) {
       detail::check(r, "cuMemMap", __FILE__, __LINE__);
       mapped += pieces[i].bytes;
     }
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    GPUMEM_CU(cuMemSetAccess, base, total, &access, 1);
+    CUmemAccessDesc access[2]{};
+    for (CUmemAccessDesc& a : access) {
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    access[0].location.id = device;
+    access[1].location.id = user;
+    GPUMEM_CU(cuMemSetAccess, base, total, access, user != device ? 2 : 1);
   } catch (...) {
     undo();
     throw;
   }
-  return ipc_access::make_mapping(reinterpret_cast<void*>(base + h.offset()), h.size(), device, ipc_kind::vmm, base,
-                                  total, 0);
+  return ipc_access::make_mapping(reinterpret_cast<void*>(base + h.offset()), h.size(), device, user, ipc_kind::vmm,
+                                  base, total, 0);
 }
 
 }  // namespace
@@ -221,7 +260,9 @@ void ipc_unmap(ipc_kind kind, int device, std::uintptr_t base, std::size_t mappe
 
 }  // namespace detail
 
-ipc_mapping import_allocation(const ipc_handle& h) {
+ipc_mapping import_allocation(const ipc_handle& h) { return import_allocation(h, import_options{}); }
+
+ipc_mapping import_allocation(const ipc_handle& h, const import_options& options) {
   if (h.size() == 0) throw logic_error("gpumem::import_allocation: an empty handle");
   if (h.exporter_pid() == getpid()) {
     throw_ipc(ipc_errc::same_process,
@@ -229,10 +270,20 @@ ipc_mapping import_allocation(const ipc_handle& h) {
               "(the driver cannot open its own process's memory)");
   }
   const int device = local_device(h);
+  int user = device;
+  if (options.device != -1) {
+    const int count = device_count();
+    if (options.device < 0 || options.device >= count) {
+      throw logic_error("gpumem::import_allocation: import_options::device " + std::to_string(options.device) +
+                        " is not a device of this process (" + std::to_string(count) + " visible)");
+    }
+    user = options.device;
+  }
+  if (user != device) require_peer_access(user, device);
   switch (h.kind()) {
-    case ipc_kind::legacy: return import_legacy(h, device);
-    case ipc_kind::pool: return import_pool(h, device);
-    case ipc_kind::vmm: return import_vmm(h, device);
+    case ipc_kind::legacy: return import_legacy(h, device, user);
+    case ipc_kind::pool: return import_pool(h, device, user);
+    case ipc_kind::vmm: return import_vmm(h, device, user);
   }
   throw_ipc(ipc_errc::malformed_handle, "gpumem::import_allocation: unknown kind");
 }
@@ -251,6 +302,7 @@ ipc_mapping::ipc_mapping(ipc_mapping&& other) noexcept
     : ptr_(std::exchange(other.ptr_, nullptr)),
       size_(other.size_),
       device_(other.device_),
+      user_device_(other.user_device_),
       kind_(other.kind_),
       base_(other.base_),
       mapped_bytes_(other.mapped_bytes_),

@@ -120,6 +120,11 @@ sim_config read_config_from_environment() {
     if (!seed) throw_malformed("GPUMEM_SIM_SEED", *value, "an unsigned 64-bit integer");
     config.seed = *seed;
   }
+  if (auto value = environment("GPUMEM_SIM_PEER_ACCESS")) {
+    auto on = parse_unsigned<unsigned>(*value);
+    if (!on || *on > 1) throw_malformed("GPUMEM_SIM_PEER_ACCESS", *value, "0 or 1");
+    config.peer_access = *on == 1;
+  }
   return config;
 }
 

@@ -15,6 +15,7 @@ struct sim_config {
   std::uint64_t fail_nth_allocation = 0;            // GPUMEM_SIM_FAIL_ALLOC, 0 = off
   double fail_probability = 0.0;                    // GPUMEM_SIM_FAIL_RANDOM, 0..1
   std::uint64_t seed = 1;                           // GPUMEM_SIM_SEED
+  bool peer_access = true;                          // GPUMEM_SIM_PEER_ACCESS, 0 or 1
 };
 
 inline constexpr int max_sim_devices = 64;

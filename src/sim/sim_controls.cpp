@@ -51,6 +51,10 @@ void fail_allocations_at_random(double probability, std::uint64_t seed) {
 
 std::uint64_t injected_failures() { return simulator("injected_failures").faults.injected_failures(); }
 
+void set_peer_access(bool enabled) {
+  simulator("set_peer_access").peer_access.store(enabled, std::memory_order_relaxed);
+}
+
 std::size_t used_bytes(int device) { return device_of("used_bytes", device).memory.used_bytes(); }
 
 std::size_t live_allocations(int device) {

@@ -183,6 +183,17 @@ CUresult device_get_uuid(CUuuid* uuid, CUdevice device) {
   });
 }
 
+CUresult device_can_access_peer(int* can_access, CUdevice device, CUdevice peer) {
+  return entry_point([&](sim_state& state) {
+    if (can_access == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (find_device(state, device) == nullptr || find_device(state, peer) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    // Every device's memory is host memory, so peers can always reach each other unless
+    // the configuration says they cannot (to test what callers do on such machines).
+    *can_access = device != peer && state.peer_access.load(std::memory_order_relaxed) ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult device_total_mem(std::size_t* bytes, CUdevice device) {
   return entry_point([&](sim_state& state) {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;

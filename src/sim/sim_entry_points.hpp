@@ -18,6 +18,7 @@ CUresult device_get_name(char* name, int length, CUdevice device);
 CUresult device_total_mem(std::size_t* bytes, CUdevice device);
 CUresult device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
 CUresult device_get_uuid(CUuuid* uuid, CUdevice device);
+CUresult device_can_access_peer(int* can_access, CUdevice device, CUdevice peer);
 CUresult device_primary_ctx_retain(CUcontext* context, CUdevice device);
 CUresult ctx_get_current(CUcontext* context);
 CUresult ctx_set_current(CUcontext context);

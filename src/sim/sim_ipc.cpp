@@ -127,6 +127,13 @@ bool destroy_imported_pool(CUmemoryPool pool) {
   return true;
 }
 
+int imported_pool_device(CUmemoryPool pool) {
+  import_table& t = imports();
+  std::lock_guard lock(t.mutex);
+  auto* p = reinterpret_cast<imported_pool*>(pool);
+  return t.pools.count(p) != 0 ? p->device : -1;
+}
+
 bool is_imported_pool(CUmemoryPool pool) {
   import_table& t = imports();
   std::lock_guard lock(t.mutex);

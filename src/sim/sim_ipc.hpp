@@ -41,4 +41,10 @@ bool destroy_imported_pool(CUmemoryPool pool);
 // Whether `pool` is a pool imported from another process.
 bool is_imported_pool(CUmemoryPool pool);
 
+// The exporter's device ordinal of a pool imported from another process, or -1 when
+// `pool` is not one. cuMemPoolSetAccess on an imported pool checks its descriptors
+// against it and records nothing: imported memory is host memory, reachable from every
+// simulated device.
+int imported_pool_device(CUmemoryPool pool);
+
 }  // namespace gpumem::detail::simulator

@@ -563,9 +563,23 @@ CUresult mem_pool_trim_to(CUmemoryPool pool, std::size_t min_bytes_to_keep) {
 
 CUresult mem_pool_set_access(CUmemoryPool pool, const CUmemAccessDesc* map, std::size_t count) {
   return entry_point([&](sim_state& state) {
+    if (map == nullptr && count != 0) return CUDA_ERROR_INVALID_VALUE;
     sim_pool* p = state.pools.find(pool);
-    if (p == nullptr || (map == nullptr && count != 0)) return CUDA_ERROR_INVALID_VALUE;
-    return p->set_access(map, count);
+    if (p != nullptr) return p->set_access(map, count);
+    // Another process's pool (sim_ipc.hpp): checked as sim_pool::set_access checks.
+    const int owner = imported_pool_device(pool);
+    if (owner < 0) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t i = 0; i < count; ++i) {
+      const CUmemAccessDesc& d = map[i];
+      if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (state.device(d.location.id) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+      if (d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (d.location.id == owner && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return CUDA_ERROR_INVALID_DEVICE;
+    }
+    return CUDA_SUCCESS;
   });
 }
 

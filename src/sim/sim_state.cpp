@@ -10,7 +10,7 @@ thread_local bool is_worker_thread = false;
 
 }  // namespace
 
-sim_state::sim_state(const sim_config& configuration) : config(configuration) {
+sim_state::sim_state(const sim_config& configuration) : config(configuration), peer_access(configuration.peer_access) {
   faults.fail_nth(config.fail_nth_allocation);
   faults.fail_at_random(config.fail_probability, config.seed);
 }

@@ -39,6 +39,9 @@ class sim_state {
   pool_registry pools;
   host_memory host;
   std::unique_ptr<vmm_space> vmm;  // set by initialize()
+  // What cuDeviceCanAccessPeer answers for two different devices (GPUMEM_SIM_PEER_ACCESS,
+  // gpumem::sim::set_peer_access).
+  std::atomic<bool> peer_access;
 
   // cuInit: builds the devices (reserving their address space) the first time.
   // CUDA_ERROR_OUT_OF_MEMORY if the host cannot reserve it.

@@ -8,9 +8,12 @@
 #include <vector>
 
 #include "driver/driver.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/ipc.hpp"
 #include "gpumem/ipc_fd_channel.hpp"
+#include "gpumem/sim.hpp"
 
 namespace gpumem_test {
 namespace {
@@ -21,7 +24,10 @@ void reply(gpumem::ipc_fd_channel& channel, const std::string& text) {
 
 // Modes: "channel" (descriptors come with the bytes), "pidfd" (bytes only: descriptors
 // are taken from the parent), "crash" (imports, writes, exits without closing),
-// "expect-error" (the import must fail with a typed error).
+// "expect-error" (the import must fail with a typed error), "other-device" (imports for
+// the device after the memory's own and uses it from there), "no-peer" (the simulator
+// without peer access: importing for the other device must fail with
+// ipc_error(peer_access_unavailable)).
 std::string run(const std::string& mode, gpumem::ipc_fd_channel& channel) {
   gpumem::ipc_fd_channel::message m = channel.receive();
   gpumem::ipc_handle handle;
@@ -41,18 +47,38 @@ std::string run(const std::string& mode, gpumem::ipc_fd_channel& channel) {
       return std::string("ok typed: ") + e.what();
     }
   }
+  gpumem::import_options options;
+  if (mode == "other-device" || mode == "no-peer") {
+    const int count = gpumem::device_count();
+    if (count < 2) return "skip: needs two devices";
+    options.device = (handle.device() + 1) % count;
+  }
+  if (mode == "no-peer") {
+    if (gpumem::current_backend() != gpumem::backend_kind::sim) return "skip: needs the simulator";
+    gpumem::sim::set_peer_access(false);
+    try {
+      gpumem::ipc_mapping mapping = gpumem::import_allocation(handle, options);
+      return "imported for a device without peer access";
+    } catch (const gpumem::ipc_error& e) {
+      if (e.code() != gpumem::ipc_errc::peer_access_unavailable) return std::string("wrong code: ") + e.what();
+      return std::string("ok typed: ") + e.what();
+    }
+  }
   gpumem::ipc_mapping mapping;
   try {
-    mapping = gpumem::import_allocation(handle);
+    mapping = gpumem::import_allocation(handle, options);
   } catch (const gpumem::ipc_error& e) {
     if (e.code() == gpumem::ipc_errc::descriptor_unavailable) return std::string("skip: ") + e.what();
     throw;
   }
   if (mapping.size() != handle.size()) return "mapping of the wrong size";
+  const int user = options.device == -1 ? mapping.device() : options.device;
+  if (mapping.user_device() != user) return "mapping for device " + std::to_string(mapping.user_device());
+  if (options.device != -1 && mapping.device() == user) return "the mapping's device is the user device";
   const std::size_t n = mapping.size();
   std::vector<std::uint8_t> host(n);
   {
-    const gpumem::detail::device_context_guard guard(mapping.device());
+    const gpumem::detail::device_context_guard guard(user);
     GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(mapping.data()), n);
     for (std::size_t i = 0; i < n; ++i) {
       if (host[i] != parent_byte(i)) return "byte " + std::to_string(i) + " is not what the parent wrote";
@@ -62,7 +88,7 @@ std::string run(const std::string& mode, gpumem::ipc_fd_channel& channel) {
   }
   if (handle.kind() == gpumem::ipc_kind::legacy) {
     // A second import of the same base allocation in this process shares the open handle.
-    gpumem::ipc_mapping again = gpumem::import_allocation(handle);
+    gpumem::ipc_mapping again = gpumem::import_allocation(handle, options);
     if (again.data() != mapping.data()) return "a second import of one legacy handle mapped elsewhere";
   }
   if (mode == "crash") {

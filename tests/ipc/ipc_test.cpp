@@ -14,6 +14,8 @@
 
 #include "driver/driver.hpp"
 #include "gpumem/async_resource.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/device.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/ipc.hpp"
@@ -197,6 +199,65 @@ TEST(Ipc, ImporterThatDiesWithoutClosingLeavesThePoolIntact) {
   write_pattern(again, n);
   pool.deallocate(again, n, s);
   pool.deallocate(neighbour, n, s);
+  s.synchronize();
+}
+
+// Issue #8: a child imports for the device other than the memory's (peer access), reads
+// the parent's bytes and writes its own from there, for every kind.
+TEST(Ipc, ImportForAnotherDeviceThroughPeerAccess) {
+  if (gpumem::device_count() < 2) GTEST_SKIP() << "needs two devices";
+  gpumem::cuda_resource legacy_mr{0};
+  gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
+  gpumem::vmm_pool_options shareable;
+  shareable.posix_fd_shareable = true;
+  gpumem::vmm_pool_resource vmm_mr{0, shareable};
+  gpumem::stream s{0};
+  const std::size_t n = (2 << 20) + 4096;
+  void* a = legacy_mr.allocate(n, s);
+  void* b = pool_mr.allocate(n, s);
+  void* c = vmm_mr.allocate(n, s);
+  s.synchronize();
+  round_trip(legacy_mr, a, n, gpumem::ipc_kind::legacy, "other-device");
+  round_trip(pool_mr, b, n, gpumem::ipc_kind::pool, "other-device");
+  round_trip(vmm_mr, c, n, gpumem::ipc_kind::vmm, "other-device");
+  legacy_mr.deallocate(a, n, s);
+  pool_mr.deallocate(b, n, s);
+  vmm_mr.deallocate(c, n, s);
+  s.synchronize();
+}
+
+// Without peer access (the simulator's set_peer_access(false)), importing for the other
+// device is ipc_error(peer_access_unavailable) naming both devices, for every kind.
+TEST(Ipc, ImportForADeviceWithoutPeerAccessSaysWhy) {
+  if (gpumem::device_count() < 2) GTEST_SKIP() << "needs two devices";
+  if (gpumem::current_backend() != gpumem::backend_kind::sim) GTEST_SKIP() << "needs the simulator";
+  gpumem::cuda_resource legacy_mr{0};
+  gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
+  gpumem::vmm_pool_options shareable;
+  shareable.posix_fd_shareable = true;
+  gpumem::vmm_pool_resource vmm_mr{0, shareable};
+  gpumem::stream s{0};
+  const std::size_t n = 65536;
+  void* a = legacy_mr.allocate(n, s);
+  void* b = pool_mr.allocate(n, s);
+  void* c = vmm_mr.allocate(n, s);
+  s.synchronize();
+  const gpumem::memory_resource* resources[] = {&legacy_mr, &pool_mr, &vmm_mr};
+  void* pointers[] = {a, b, c};
+  for (int i = 0; i < 3; ++i) {
+    gpumem::ipc_handle handle = gpumem::export_allocation(*resources[i], pointers[i], n);
+    const child_report report = run_child("no-peer", handle);
+    ASSERT_EQ(report.text.rfind("ok typed: ", 0), 0u) << report.text;
+    const std::string other = std::to_string((handle.device() + 1) % gpumem::device_count());
+    EXPECT_NE(report.text.find("device " + other + " cannot use memory of device " + std::to_string(handle.device())),
+              std::string::npos)
+        << report.text;
+    EXPECT_NE(report.text.find("cuDeviceCanAccessPeer"), std::string::npos) << report.text;
+    EXPECT_EQ(report.status, 0);
+  }
+  legacy_mr.deallocate(a, n, s);
+  pool_mr.deallocate(b, n, s);
+  vmm_mr.deallocate(c, n, s);
   s.synchronize();
 }
 
