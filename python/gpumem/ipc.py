@@ -43,6 +43,11 @@ class IpcMemory:
         return self._mapping.device
 
     @property
+    def user_device(self):
+        """The device the memory was opened for (``open(device=...)``)."""
+        return self._mapping.user_device
+
+    @property
     def closed(self):
         return self._mapping.closed
 
@@ -117,9 +122,11 @@ class IpcHandle:
     def __reduce__(self):
         return (_rebuild, (bytes(self._bytes),))
 
-    def open(self):
-        """Maps the memory here (in another process than the exporter's)."""
-        return IpcMemory(_core._ipc_import(self._handle))
+    def open(self, device=None):
+        """Maps the memory here (in another process than the exporter's), for ``device``
+        (default: the memory's own device; another one gets peer access, or
+        ``gpumem.UnsupportedError`` says why not: the devices cannot access each other)."""
+        return IpcMemory(_core._ipc_import(self._handle, -1 if device is None else int(device)))
 
 
 def export(obj, size=None):
@@ -133,8 +140,8 @@ def export(obj, size=None):
     return IpcHandle(_core._ipc_export(ptr, nbytes), keepalive=obj)
 
 
-def open(handle):  # noqa: A001 - the module's verb, as in gpumem.ipc.open(handle)
-    """``handle.open()``: maps an ``IpcHandle`` (or its bytes) here."""
+def open(handle, device=None):  # noqa: A001 - the module's verb, as in gpumem.ipc.open(handle)
+    """``handle.open(device)``: maps an ``IpcHandle`` (or its bytes) here."""
     if isinstance(handle, (bytes, bytearray)):
         handle = IpcHandle.from_bytes(handle)
-    return handle.open()
+    return handle.open(device)

@@ -71,6 +71,8 @@ void bind_ipc(nb::module_& m) {
              GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(mp.data()), reinterpret_cast<CUdeviceptr>(data.c_str()),
                        mp.size());
            })
+      .def_prop_ro("user_device", &ipc_mapping::user_device,
+                   "The device the mapping was made for (peer access where it is not `device`).")
       .def("close", &ipc_mapping::close);
 
   m.def(
@@ -82,11 +84,11 @@ void bind_ipc(nb::module_& m) {
       nb::arg("ptr"), nb::arg("size"));
   m.def(
       "_ipc_import",
-      [](const ipc_handle& h) {
+      [](const ipc_handle& h, int device) {
         nb::gil_scoped_release release;
-        return import_allocation(h);
+        return import_allocation(h, import_options{.device = device});
       },
-      nb::arg("handle"));
+      nb::arg("handle"), nb::arg("device") = -1);
 }
 
 }  // namespace gpumem::python

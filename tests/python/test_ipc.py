@@ -19,10 +19,11 @@ def _child_bytes(n):
     return bytes((i * 13 + 5) & 0xFF for i in range(n))
 
 
-def _child(handle, result):
+def _child(handle, result, device=None):
     try:
-        with handle.open() as mem:
+        with handle.open(device) as mem:
             assert mem.size == handle.size
+            assert mem.user_device == (mem.device if device is None else device)
             cai = mem.__cuda_array_interface__
             assert cai["shape"] == (handle.size,) and cai["data"][0] == mem.ptr
             if mem.copy_to_host() != _parent_bytes(mem.size):
@@ -36,14 +37,14 @@ def _child(handle, result):
         result.put("child failed: %r" % (e,))
 
 
-def _round_trip(buf, kind):
+def _round_trip(buf, kind, device=None):
     buf.copy_from_host(_parent_bytes(buf.size))
     handle = gpumem.ipc.export(buf)
     assert handle.kind == kind
     assert handle.size == buf.size
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
-    child = ctx.Process(target=_child, args=(handle, result))
+    child = ctx.Process(target=_child, args=(handle, result, device))
     child.start()
     outcome = result.get(timeout=120)
     child.join(timeout=120)
@@ -62,6 +63,13 @@ def test_pool_sub_allocation_is_shared_with_its_offset():
     assert handle.offset > 0  # inside the pool's chunk, not at its start
     _round_trip(second, "legacy")
     first.close()
+
+
+def test_opened_for_another_device_through_peer_access():
+    if gpumem.device_count() < 2:
+        pytest.skip("needs two devices")
+    buf = gpumem.DeviceBuffer(70001, device=0)
+    _round_trip(buf, "legacy", device=1)
 
 
 def test_cuda_resource_buffer():
