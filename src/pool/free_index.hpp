@@ -4,6 +4,9 @@
 //
 // Classes: sizes below 16 granules get one class per granule; above, each power
 // of two is split into 16 classes (so a found block wastes at most 1/16).
+//
+// Intrusive over any Node with `size`, `prev_free` and `next_free`: pool_resource's
+// blocks (free_index) and vmm_pool_resource's mapped free blocks use it.
 #pragma once
 
 #include <array>
@@ -15,16 +18,17 @@
 
 namespace gpumem::detail {
 
-class free_index {
+template <class Node>
+class basic_free_index {
  public:
   static constexpr unsigned granule_shift = 8;  // 256-byte granule
   static constexpr unsigned sl_bits = 4;
   static constexpr unsigned sl_count = 1U << sl_bits;
   static constexpr unsigned fl_count = 64 - granule_shift - sl_bits + 1;
 
-  void insert(block* b) noexcept {
+  void insert(Node* b) noexcept {
     auto [fl, sl] = class_of(b->size);
-    block*& head = heads_[fl][sl];
+    Node*& head = heads_[fl][sl];
     b->prev_free = nullptr;
     b->next_free = head;
     if (head != nullptr) head->prev_free = b;
@@ -35,7 +39,7 @@ class free_index {
     bytes_ += b->size;
   }
 
-  void remove(block* b) noexcept {
+  void remove(Node* b) noexcept {
     auto [fl, sl] = class_of(b->size);
     if (b->prev_free != nullptr) {
       b->prev_free->next_free = b->next_free;
@@ -55,17 +59,17 @@ class free_index {
   // A free block of at least `size` bytes (a granule multiple), or null. Not removed.
   // Good fit in O(1); when only the request's own class could hold a fit (a block
   // of exactly the size asked, say), that one class is scanned.
-  block* find(std::size_t size) const noexcept {
-    if (block* b = find_in_larger_class(size)) return b;
+  Node* find(std::size_t size) const noexcept {
+    if (Node* b = find_in_larger_class(size)) return b;
     auto [fl, sl] = class_of(size);
-    for (block* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
+    for (Node* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
       if (b->size >= size) return b;
     }
     return nullptr;
   }
 
  private:
-  block* find_in_larger_class(std::size_t size) const noexcept {
+  Node* find_in_larger_class(std::size_t size) const noexcept {
     auto [fl, sl] = class_of(round_up_to_class(size));
     if (fl >= fl_count) return nullptr;
     std::uint32_t sl_map = sl_map_[fl] & (~0U << sl);
@@ -83,17 +87,25 @@ class free_index {
   // Every free block in classes that may hold blocks of `size` or more, for the
   // rare searches that need a property besides size. Visits until f returns true.
   template <class F>
-  block* find_if(std::size_t size, F&& accept) const {
+  Node* find_if(std::size_t size, F&& accept) const {
     auto [fl0, sl0] = class_of(size);
     for (unsigned fl = fl0; fl < fl_count; ++fl) {
       if ((fl_map_ >> fl & 1U) == 0) continue;
       for (unsigned sl = fl == fl0 ? sl0 : 0; sl < sl_count; ++sl) {
-        for (block* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
+        for (Node* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
           if (b->size >= size && accept(b)) return b;
         }
       }
     }
     return nullptr;
+  }
+
+  // The good-fit head when accept() takes it (O(1)), else as find_if: for searches
+  // where most blocks are acceptable but some are not (vmm_pool_resource's stream rules).
+  template <class F>
+  Node* find_accepted(std::size_t size, F&& accept) const {
+    if (Node* b = find_in_larger_class(size); b != nullptr && accept(b)) return b;
+    return find_if(size, accept);
   }
 
   // The largest free block (exact: scans only the top non-empty class).
@@ -102,7 +114,7 @@ class free_index {
     const unsigned fl = 63U - static_cast<unsigned>(std::countl_zero(fl_map_));
     const unsigned sl = 31U - static_cast<unsigned>(std::countl_zero(sl_map_[fl]));
     std::size_t best = 0;
-    for (block* b = heads_[fl][sl]; b != nullptr; b = b->next_free) best = b->size > best ? b->size : best;
+    for (Node* b = heads_[fl][sl]; b != nullptr; b = b->next_free) best = b->size > best ? b->size : best;
     return best;
   }
 
@@ -132,9 +144,11 @@ class free_index {
 
   std::uint64_t fl_map_ = 0;
   std::array<std::uint32_t, fl_count> sl_map_{};
-  std::array<std::array<block*, sl_count>, fl_count> heads_{};
+  std::array<std::array<Node*, sl_count>, fl_count> heads_{};
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
 };
+
+using free_index = basic_free_index<block>;
 
 }  // namespace gpumem::detail

@@ -21,112 +21,11 @@
 
 #include "driver/driver.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "pool/free_index.hpp"
 #include "vmm/virtual_memory.hpp"
 #include "vmm/vmm_pool_front.hpp"
 
 namespace gpumem {
-namespace detail::vmm {
-
-// Two-level segregated fit index of free blocks (as pool_resource's): O(1)
-// insert, remove and good-fit search, intrusive (Node has size, prev_free,
-// next_free). A request is rounded up to the next class boundary, so any block
-// in a class at or above it fits; classes split each power of two in 16.
-template <class Node>
-class tlsf_index {
- public:
-  static constexpr unsigned granule_shift = 8;
-  static constexpr unsigned sl_bits = 4;
-  static constexpr unsigned sl_count = 1U << sl_bits;
-  static constexpr unsigned fl_count = 64 - granule_shift - sl_bits + 1;
-
-  void insert(Node* b) noexcept {
-    auto [fl, sl] = class_of(b->size);
-    Node*& head = heads_[fl][sl];
-    b->prev_free = nullptr;
-    b->next_free = head;
-    if (head != nullptr) head->prev_free = b;
-    head = b;
-    fl_map_ |= std::uint64_t{1} << fl;
-    sl_map_[fl] |= 1U << sl;
-    ++count_;
-  }
-
-  void remove(Node* b) noexcept {
-    auto [fl, sl] = class_of(b->size);
-    if (b->prev_free != nullptr) {
-      b->prev_free->next_free = b->next_free;
-    } else {
-      heads_[fl][sl] = b->next_free;
-      if (b->next_free == nullptr) {
-        sl_map_[fl] &= ~(1U << sl);
-        if (sl_map_[fl] == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
-      }
-    }
-    if (b->next_free != nullptr) b->next_free->prev_free = b->prev_free;
-    b->prev_free = b->next_free = nullptr;
-    --count_;
-  }
-
-  // The first block of `size` bytes or more that accept(b) takes: the head of
-  // the first class above the request's (good fit, O(1) when accepted), then
-  // every class that may hold such blocks, smallest first.
-  template <class F>
-  Node* find(std::size_t size, F&& accept) const {
-    if (Node* b = head_above(size); b != nullptr && accept(b)) return b;
-    auto [fl0, sl0] = class_of(size);
-    for (unsigned fl = fl0; fl < fl_count; ++fl) {
-      if ((fl_map_ >> fl & 1U) == 0) continue;
-      for (unsigned sl = fl == fl0 ? sl0 : 0; sl < sl_count; ++sl) {
-        for (Node* b = heads_[fl][sl]; b != nullptr; b = b->next_free) {
-          if (b->size >= size && accept(b)) return b;
-        }
-      }
-    }
-    return nullptr;
-  }
-
-  std::size_t count() const noexcept { return count_; }
-
- private:
-  Node* head_above(std::size_t size) const noexcept {
-    auto [fl, sl] = class_of(round_up_to_class(size));
-    if (fl >= fl_count) return nullptr;
-    std::uint32_t sl_map = sl_map_[fl] & (~0U << sl);
-    if (sl_map == 0) {
-      const std::uint64_t fl_map = fl + 1 < 64 ? fl_map_ & (~std::uint64_t{0} << (fl + 1)) : 0;
-      if (fl_map == 0) return nullptr;
-      fl = static_cast<unsigned>(std::countr_zero(fl_map));
-      sl_map = sl_map_[fl];
-    }
-    return heads_[fl][std::countr_zero(sl_map)];
-  }
-  struct slot {
-    unsigned fl;
-    unsigned sl;
-  };
-  static slot class_of(std::size_t size) noexcept {
-    const std::size_t granules = size >> granule_shift;
-    if (granules < sl_count) return {0, static_cast<unsigned>(granules)};
-    const unsigned msb = 63U - static_cast<unsigned>(std::countl_zero(granules));
-    const unsigned sl = static_cast<unsigned>(granules >> (msb - sl_bits)) ^ sl_count;
-    return {msb - sl_bits + 1, sl};
-  }
-  static std::size_t round_up_to_class(std::size_t size) noexcept {
-    const std::size_t granules = size >> granule_shift;
-    if (granules < sl_count) return size;
-    const unsigned msb = 63U - static_cast<unsigned>(std::countl_zero(granules));
-    const std::size_t step = std::size_t{1} << (msb - sl_bits + granule_shift);
-    const std::size_t rounded = (size + step - 1) & ~(step - 1);
-    return rounded < size ? size : rounded;  // overflow: nothing larger is found
-  }
-
-  std::uint64_t fl_map_ = 0;
-  std::array<std::uint32_t, fl_count> sl_map_{};
-  std::array<std::array<Node*, sl_count>, fl_count> heads_{};
-  std::size_t count_ = 0;
-};
-
-}  // namespace detail::vmm
 
 struct vmm_pool_resource::impl {
   static constexpr std::size_t granule = 256;
@@ -239,7 +138,7 @@ struct vmm_pool_resource::impl {
   std::map<std::uintptr_t, blk> blocks;                   // every block, address order
   // Free blocks by (size, address), split by whether handles are mapped under
   // them (Note [Mapped free ranges first] in vmm_pool_resource.cpp).
-  detail::vmm::tlsf_index<blk> free_mapped;  // the hot path's
+  detail::basic_free_index<blk> free_mapped;  // the hot path's
   free_set free_unmapped;                    // few: they merge (all settled)
   std::map<std::uintptr_t, mapping> maps;                 // where each handle is mapped for use
   std::vector<std::pair<std::uintptr_t, std::size_t>> stale;  // old mappings of moved handles

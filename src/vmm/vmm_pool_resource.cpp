@@ -302,7 +302,7 @@ vmm_pool_resource::impl::block_iter vmm_pool_resource::impl::find_mapped(std::si
                                                                         front& t, CUevent* wait_on) {
   *wait_on = nullptr;
   const std::size_t search = size + (alignment > granule ? alignment - granule : 0);
-  blk* b = free_mapped.find(search, [&](blk* c) { return usable(*c, t, wait_on); });
+  blk* b = free_mapped.find_accepted(search, [&](blk* c) { return usable(*c, t, wait_on); });
   return b == nullptr ? blocks.end() : blocks.find(b->addr);
 }
 
