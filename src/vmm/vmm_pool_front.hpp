@@ -29,78 +29,15 @@
 #include <mutex>
 #include <vector>
 
+#include "pool/pointer_map.hpp"
+
 namespace gpumem::detail::vmm {
 
-// Address -> (size, requested bytes) of the blocks a front handed out: open
-// addressing, linear probing, backward-shift deletion.
-class front_live_map {
- public:
-  struct entry {
-    std::uintptr_t key = 0;
-    std::size_t size = 0;
-    std::size_t requested = 0;
-  };
-
-  front_live_map() : slots_(64) {}
-
-  void insert(std::uintptr_t key, std::size_t size, std::size_t requested) {
-    if ((size_ + 1) * 2 > slots_.size()) grow();
-    place(entry{key, size, requested});
-    ++size_;
-  }
-
-  const entry* find(std::uintptr_t key) const noexcept {
-    for (std::size_t i = home(key);; i = next(i)) {
-      const entry& e = slots_[i];
-      if (e.key == key) return &e;
-      if (e.key == 0) return nullptr;
-    }
-  }
-
-  bool erase(std::uintptr_t key) noexcept {
-    std::size_t i = home(key);
-    for (;; i = next(i)) {
-      if (slots_[i].key == key) break;
-      if (slots_[i].key == 0) return false;
-    }
-    for (std::size_t j = next(i);; j = next(j)) {
-      if (slots_[j].key == 0) break;
-      const std::size_t h = home(slots_[j].key);
-      const bool movable = i <= j ? (h <= i || h > j) : (h <= i && h > j);
-      if (movable) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
-    }
-    slots_[i] = entry{};
-    --size_;
-    return true;
-  }
-
-  std::size_t size() const noexcept { return size_; }
-
- private:
-  std::size_t home(std::uintptr_t key) const noexcept {
-    return static_cast<std::size_t>(((key >> 8) * 0x9E3779B97F4A7C15ULL) >> shift_);
-  }
-  std::size_t next(std::size_t i) const noexcept { return (i + 1) & (slots_.size() - 1); }
-  void place(const entry& e) noexcept {
-    std::size_t i = home(e.key);
-    while (slots_[i].key != 0) i = next(i);
-    slots_[i] = e;
-  }
-  void grow() {
-    std::vector<entry> old(slots_.size() * 2);
-    old.swap(slots_);
-    --shift_;
-    for (const entry& e : old) {
-      if (e.key != 0) place(e);
-    }
-  }
-
-  std::vector<entry> slots_;
-  std::size_t size_ = 0;
-  unsigned shift_ = 64 - 6;  // log2(64 slots)
+// What a front remembers of a block it handed out (found by address in
+// front::live, a detail::address_map).
+struct front_live_entry {
+  std::size_t size = 0;
+  std::size_t requested = 0;
 };
 
 // Freed blocks by exact size: 64 direct slots for sizes up to 16 KiB (one per
@@ -178,7 +115,7 @@ struct stream_front {
   std::mutex lock;
   // ---- guarded by `lock` ----
   front_cache cache;
-  front_live_map live;  // handed out from `cache`, not yet freed
+  detail::address_map<front_live_entry> live;  // handed out from `cache`, not yet freed
   unsigned unfenced = 0;
   // ---- written under `lock`, read anywhere ----
   std::atomic<std::uint64_t> frees{0};   // frees on this stream so far

@@ -498,7 +498,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
     std::lock_guard fl(f.lock);
     const auto hit = f.cache.pop(size, align);
     if (hit.address != 0) [[likely]] {
-      f.live.insert(hit.address, size, bytes);
+      f.live.insert(hit.address, {size, bytes});
       return reinterpret_cast<void*>(hit.address);
     }
   }
