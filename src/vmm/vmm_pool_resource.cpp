@@ -704,9 +704,15 @@ std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_piece
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(m.mutex);
   auto it = m.blocks.find(at);
-  if (it == m.blocks.end() || it->second.free || it->second.stale || bytes == 0 || bytes > it->second.size) {
-    throw logic_error("vmm_pool_resource::physical_pieces: not a live allocation of this pool");
+  bool live = it != m.blocks.end() && !it->second.free && !it->second.stale && bytes != 0 &&
+              bytes <= it->second.size;
+  if (live && it->second.owner != nullptr) {
+    // A front's block: live only while the front has it handed out (else it was freed and is cached).
+    impl::front& o = *it->second.owner;
+    std::lock_guard ol(o.lock);
+    live = o.live.find(at) != nullptr;
   }
+  if (!live) throw logic_error("vmm_pool_resource::physical_pieces: not a live allocation of this pool");
   std::vector<physical_piece> out;
   auto mp = m.maps.upper_bound(at);
   if (mp != m.maps.begin()) --mp;

@@ -459,6 +459,20 @@ TEST_F(VmmPool, ManyThreadsOwnStreamsRandomSizes) {
   EXPECT_EQ(pool.statistics().used_bytes, 0U);
 }
 
+TEST(VmmPoolPieces, FreedForeignAndOversizedPointersAreRefused) {
+  vmm_pool_resource pool(0);
+  stream s(0);
+  void* p = pool.allocate(4096, s);
+  EXPECT_FALSE(pool.physical_pieces(p, 4096).empty());
+  EXPECT_THROW((void)pool.physical_pieces(p, 0), logic_error);
+  EXPECT_THROW((void)pool.physical_pieces(p, 1 << 20), logic_error);
+  int foreign = 0;
+  EXPECT_THROW((void)pool.physical_pieces(&foreign, 4), logic_error);
+  pool.deallocate(p, 4096, s);  // kept whole by the stream's front
+  EXPECT_THROW((void)pool.physical_pieces(p, 4096), logic_error) << "a freed block is not exportable";
+  s.synchronize();
+}
+
 TEST(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
   vmm_pool_resource pool(0);
   stream s(0);
