@@ -38,7 +38,10 @@ enum class async_ipc_handle { none, posix_file_descriptor };
 
 struct async_options {
   // Reserved at construction (allocated and freed once), so the first
-  // allocations find memory ready. At most release_threshold_bytes.
+  // allocations find memory ready. At most release_threshold_bytes. The driver
+  // reserves in chunks of its own choosing (32 MiB and more were seen on an
+  // H200) and gives back whole chunks only, so a threshold below the driver's
+  // chunk can return the primed memory at the first synchronisation.
   std::size_t initial_bytes = 0;
   // What the pool keeps across synchronisations; memory above it returns to the
   // device at the next stream, event or context synchronisation. Default: keep
