@@ -24,8 +24,6 @@
 //                              starts after the event's last record completed (not the host)
 //  cuStreamIsCapturing         valid stream                       => whether work queued on it now is
 //                              captured into a graph instead of run (the pools refuse to serve it)
-//  cuStreamGetCaptureInfo      valid stream; outputs other than the status may be null => the same
-//                              status (the pools ask this one: ~21 ns against ~28 on an H200)
 //  cuStreamBeginCapture/EndCapture, cuGraphDestroy   (tests only) a stream other than the legacy
 //                              default => capture begins / ends with a graph / the graph is freed
 //  cuLaunchHostFunc            valid stream                       => fn runs in stream order on a
@@ -131,7 +129,6 @@
   X(cuStreamWaitEvent, 3020)               \
   X(cuLaunchHostFunc, 10000)                \
   X(cuStreamIsCapturing, 10000)             \
-  X(cuStreamGetCaptureInfo, 12030)          \
   X(cuStreamBeginCapture, 10010)            \
   X(cuStreamEndCapture, 10000)              \
   X(cuGraphDestroy, 10000)                  \

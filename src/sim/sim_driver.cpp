@@ -43,7 +43,6 @@ driver_api build_sim_driver_table() {
   table.cuStreamSynchronize = &stream_synchronize;
   table.cuStreamQuery = &stream_query;
   table.cuStreamIsCapturing = &stream_is_capturing;
-  table.cuStreamGetCaptureInfo = &stream_get_capture_info;
   table.cuStreamBeginCapture = &stream_begin_capture;
   table.cuStreamEndCapture = &stream_end_capture;
   table.cuGraphDestroy = &graph_destroy;

@@ -40,9 +40,6 @@ CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
 CUresult stream_begin_capture(CUstream stream, CUstreamCaptureMode mode);
 CUresult stream_end_capture(CUstream stream, CUgraph* graph);
 CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
-CUresult stream_get_capture_info(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
-                                 const CUgraphNode** dependencies, const CUgraphEdgeData** edge_data,
-                                 std::size_t* dependency_count);
 CUresult graph_destroy(CUgraph graph);
 
 // sim_event.cpp

@@ -362,20 +362,6 @@ CUresult stream_is_capturing(CUstream handle, CUstreamCaptureStatus* status) {
   });
 }
 
-// The status only: the simulator records no graph nodes, so the graph, its
-// dependencies and edges read as none, and the capture id as 0.
-CUresult stream_get_capture_info(CUstream handle, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
-                                 const CUgraphNode** dependencies, const CUgraphEdgeData** edge_data,
-                                 std::size_t* dependency_count) {
-  if (CUresult r = stream_is_capturing(handle, status); r != CUDA_SUCCESS) return r;
-  if (id != nullptr) *id = 0;
-  if (graph != nullptr) *graph = nullptr;
-  if (dependencies != nullptr) *dependencies = nullptr;
-  if (edge_data != nullptr) *edge_data = nullptr;
-  if (dependency_count != nullptr) *dependency_count = 0;
-  return CUDA_SUCCESS;
-}
-
 CUresult graph_destroy(CUgraph graph) {
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   delete reinterpret_cast<sim_graph*>(graph);
