@@ -30,9 +30,14 @@ inline void check_stream_device(stream_view stream, int device, const char* wher
 // launched later, any number of times. A block a pool hands out then, or takes
 // back, is reused by the pool at once on the host's clock, long before the
 // graph's kernels touch it: silently unsafe. So the pools refuse both while the
-// stream is capturing, with a logic_error that says what to do instead. The
-// legacy default stream cannot be captured, so its calls skip the query (~45 ns
-// on an H200; ~28 ns for another stream).
+// stream is capturing, with a logic_error that says what to do instead. Both
+// calls must ask: a block handed out under capture and freed after it, or handed
+// out before and freed under it, is reused while the graph may still run, and
+// the driver tells no one when a capture begins. The legacy default stream cannot
+// be captured, so its calls skip the query (~28 ns for another stream on an H200,
+// where any driver call costs ~14 ns). cuStreamGetCaptureInfo (status only) timed
+// ~21 ns in a loop of its own but doubled W1 inside the pool, so the pools keep
+// cuStreamIsCapturing (docs/pool.md, "CUDA graphs").
 // The per-thread default stream is resolved in the calling thread's current
 // context, so `device`'s context is made current for it; a created stream needs none.
 // The stream must be alive (docs/resource-contract.md).
