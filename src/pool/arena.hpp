@@ -54,7 +54,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include <cuda.h>
@@ -63,26 +62,9 @@
 #include "pool/free_index.hpp"
 #include "pool/pointer_map.hpp"
 #include "pool/quick_cache.hpp"
+#include "pool/spin_lock.hpp"
 
 namespace gpumem::detail {
-
-// Held for tens of nanoseconds by the threads of one stream: a spin lock beats
-// a mutex's system call path, and yields if the holder was descheduled.
-class spin_lock {
- public:
-  void lock() noexcept {
-    for (unsigned spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
-      while (locked_.load(std::memory_order_relaxed)) {
-        if (++spins > 64) std::this_thread::yield();
-      }
-    }
-  }
-  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> locked_{false};
-};
 
 struct arena;
 

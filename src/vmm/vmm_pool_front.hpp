@@ -26,10 +26,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "pool/pointer_map.hpp"
+#include "pool/spin_lock.hpp"
 
 namespace gpumem::detail::vmm {
 
@@ -112,7 +112,7 @@ struct stream_front {
   // every thread, so what one thread freed must not go to another at once.
   const bool cacheable;
 
-  std::mutex lock;
+  spin_lock lock;  // held for tens of nanoseconds by the stream's threads
   // ---- guarded by `lock` ----
   front_cache cache;
   detail::address_map<front_live_entry> live;  // handed out from `cache`, not yet freed
