@@ -4,7 +4,9 @@
   (a) a raw buffer alloc+free: gpumem.DeviceBuffer(n) created and dropped, beside
       CuPy's MemoryPool and MemoryAsyncPool (cupy.cuda.alloc) and torch.empty;
   (b) numba.cuda.device_array(n) created and dropped, through the gpumem EMM plugin
-      and through Numba's own memory manager;
+      and through Numba's own memory manager; and through a plugin that allocates
+      nothing, which shows what Numba itself costs per array on the machine (the hosts
+      of one GPU kind differ by 2-3x here from one machine to the next);
   and, where the libraries exist, CuPy and PyTorch switched to gpumem.
 
 Sizes are uniform in [1, 1 MiB] bytes (seed 1). Every row runs in its own
@@ -77,6 +79,48 @@ def row_numba_default():
     return _numba(False)
 
 
+def row_numba_floor():
+    """device_array through a plugin that allocates nothing: every array gets the same
+    1 MiB block (made once; device_array writes nothing) and no finalizer. What is left is
+    Numba's own work per array, the floor for any plugin on this machine."""
+    import contextlib
+
+    from cuda.bindings import driver as cu
+    from numba import cuda
+
+    class NothingPlugin(cuda.HostOnlyCUDAMemoryManager):
+        block = None
+
+        def initialize(self):
+            pass
+
+        def memalloc(self, size):
+            if NothingPlugin.block is None:
+                err, NothingPlugin.block = cu.cuMemAlloc(MAX_BYTES)
+                if err != cu.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"cuMemAlloc: {err}")
+            return cuda.MemoryPointer(self.context, NothingPlugin.block, size)
+
+        def get_memory_info(self):
+            raise NotImplementedError
+
+        def get_ipc_handle(self, memory):
+            raise NotImplementedError
+
+        def reset(self):
+            pass
+
+        def defer_cleanup(self):
+            return contextlib.nullcontext()
+
+        @property
+        def interface_version(self):
+            return 1
+
+    cuda.set_memory_manager(NothingPlugin)
+    return _numba(False)
+
+
 def _cupy(kind):
     import cupy
 
@@ -141,9 +185,11 @@ ROWS = {
     "torch-gpumem": ("torch.empty through gpumem", row_torch_gpumem, ["torch"], "a"),
     "numba-gpumem": ("device_array, gpumem plugin", row_numba_gpumem, ["numba", "numpy"], "b"),
     "numba-default": ("device_array, Numba's manager (peer)", row_numba_default, ["numba", "numpy"], "b"),
+    "numba-floor": ("device_array, plugin allocating nothing", row_numba_floor, ["numba", "numpy"], "b"),
 }
 TARGETS_NS = {"gpumem-raw": 500, "numba-gpumem": 20000}
-NEEDS_GPU = {"cupy-pool", "cupy-async", "cupy-gpumem", "torch-default", "torch-gpumem", "numba-gpumem", "numba-default"}
+NEEDS_GPU = {"cupy-pool", "cupy-async", "cupy-gpumem", "torch-default", "torch-gpumem", "numba-gpumem", "numba-default",
+             "numba-floor"}
 
 
 def child(name, reps, rep_ms):
