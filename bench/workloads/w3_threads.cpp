@@ -14,16 +14,12 @@
 #include <atomic>
 #include <cmath>
 #include <barrier>
-#include <cstdlib>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <iterator>
 #include <thread>
 #include <utility>
-
-#include <pthread.h>
-#include <sched.h>
 
 #include "gpumem/device.hpp"
 #include "harness.hpp"
@@ -102,7 +98,6 @@ class team {
 
  private:
   void work(std::size_t i) {
-    if (pin_) pin_to_cpu(i);
     try {
       // As a CUDA runtime thread does on its first call; the peers need a current context.
       set_current_device(device_);
@@ -132,21 +127,8 @@ class team {
     threads_.clear();
   }
 
-  // One CPU per worker (1, 2, ... so that CPU 0 keeps the coordinating thread),
-  // when the host has a CPU for each: the scheduler then moves no worker between
-  // CPUs mid-repetition, which made the 1-thread figure vary 2x between runs.
-  static void pin_to_cpu(std::size_t i) noexcept {
-    const unsigned cpus = std::thread::hardware_concurrency();
-    if (cpus == 0) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(static_cast<int>((i + 1) % cpus), &set);
-    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // best effort
-  }
-
   memory_resource& mr_;
   int device_;
-  bool pin_ = std::getenv("GPUMEM_BENCH_PIN") != nullptr;
   std::vector<stream>& streams_;
   const std::vector<std::vector<random_op>>& ops_;
   std::vector<std::exception_ptr> errors_;  // one per thread, read after the finish barrier
