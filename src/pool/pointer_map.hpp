@@ -34,6 +34,9 @@ class address_map {
       if (e.key == 0) return nullptr;
     }
   }
+  Value* find(std::uintptr_t key) noexcept {
+    return const_cast<Value*>(static_cast<const address_map&>(*this).find(key));
+  }
 
   // Removes key, its value into *out when given; false when absent.
   bool erase(std::uintptr_t key, Value* out = nullptr) noexcept {

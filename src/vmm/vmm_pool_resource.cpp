@@ -166,6 +166,7 @@ vmm_pool_resource::impl::front& vmm_pool_resource::impl::find_front(CUstream key
 void vmm_pool_resource::impl::flush_front(front& f) {
   std::lock_guard fl(f.lock);
   f.cache.drain([&](std::uintptr_t a, std::size_t size, std::uint64_t epoch) {
+    f.live.erase(a);
     auto it = blocks.find(a);
     blk& b = it->second;
     b.owner = nullptr;
@@ -498,7 +499,9 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
     std::lock_guard fl(f.lock);
     const auto hit = f.cache.pop(size, align);
     if (hit.address != 0) [[likely]] {
-      f.live.insert(hit.address, {size, bytes});
+      detail::vmm::front_live_entry* e = f.live.find(hit.address);  // cached blocks stay in `live`
+      e->cached = false;
+      e->requested = bytes;
       return reinterpret_cast<void*>(hit.address);
     }
   }
@@ -588,14 +591,14 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
   };
   if (f.cacheable && m.fast_free) {
     std::lock_guard fl(f.lock);
-    if (const auto* e = f.live.find(at)) [[likely]] {
+    if (auto* e = f.live.find(at); e != nullptr && !e->cached) [[likely]] {
       if (e->requested != bytes) {
         throw logic_error("vmm_pool_resource::deallocate: size " + std::to_string(bytes) + " does not match the " +
                           std::to_string(e->requested) + " bytes allocated");
       }
       const std::uint64_t epoch = f.frees.load(std::memory_order_relaxed) + 1;
       if (!fence_due() && f.cache.push(at, e->size, epoch)) [[likely]] {
-        f.live.erase(at);
+        e->cached = true;
         f.frees.store(epoch, std::memory_order_release);
         if (m.several_streams.load(std::memory_order_relaxed)) ++f.unfenced;
         return;
@@ -614,7 +617,7 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
     impl::front& o = *b.owner;
     std::lock_guard ol(o.lock);
     const auto* e = o.live.find(at);
-    if (e == nullptr) {
+    if (e == nullptr || e->cached) {
       throw logic_error("vmm_pool_resource::deallocate: pointer was not allocated by this pool (or freed twice)");
     }
     if (e->requested != bytes) {
@@ -637,6 +640,7 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
     f.frees.store(epoch, std::memory_order_release);
     if (f.cacheable && m.fast_free && !fence_due() && f.cache.push(at, b.size, epoch)) {
       b.owner = &f;
+      f.live.insert(at, {.size = b.size, .requested = bytes, .cached = true});
       cached = true;
     }
     if (m.several_streams.load(std::memory_order_relaxed)) ++f.unfenced;
@@ -710,7 +714,8 @@ std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_piece
     // A front's block: live only while the front has it handed out (else it was freed and is cached).
     impl::front& o = *it->second.owner;
     std::lock_guard ol(o.lock);
-    live = o.live.find(at) != nullptr;
+    const auto* e = o.live.find(at);
+    live = e != nullptr && !e->cached;
   }
   if (!live) throw logic_error("vmm_pool_resource::physical_pieces: not a live allocation of this pool");
   std::vector<physical_piece> out;
