@@ -208,6 +208,24 @@ TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
+TEST_F(VmmPool, ABlockCachedInAFrontFreedAgainOnAnotherStreamIsADoubleFree) {
+  // The second free arrives through the pool's lock, not the front's fast path: it
+  // must still see that the front holds the block as freed (cached), not handed out.
+  vmm_pool_resource pool(0);
+  stream other(0);
+  void* p = pool.allocate(5000, s);
+  pool.deallocate(p, 5000, s);  // cached in s's front
+  EXPECT_THROW(pool.deallocate(p, 5000, other), logic_error);
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+  void* q = pool.allocate(5000, s);
+  EXPECT_EQ(q, p) << "the rejected free left the cached block where it was";
+  EXPECT_EQ(pool.physical_pieces(q, 5000).size(), 1U) << "handed out again: live";
+  pool.deallocate(q, 5000, other);  // a free on another stream of a block the front handed out
+  EXPECT_THROW(pool.deallocate(q, 5000, s), logic_error);
+  EXPECT_THROW(pool.deallocate(q, 5000, other), logic_error);
+  EXPECT_EQ(pool.statistics().used_bytes, 0U);
+}
+
 TEST_F(VmmPool, FrontReuseAcrossStreamsRespectsFences) {
   // A block freed on stream a while a's work still uses it must not be written
   // by work on stream b, whether it sits in a's front or was flushed from it.
