@@ -35,16 +35,14 @@ enum class base_id { cuda, pool, async, managed, vmm };
 struct base_kind {
   std::string_view name;
   base_id id;
-  bool available;
-  std::string_view what;  // for the error of a base not available
 };
 
 constexpr base_kind bases[] = {
-    {"cuda", base_id::cuda, true, "cuda_resource"},
-    {"pool", base_id::pool, true, "pool_resource over cuda_resource"},
-    {"async", base_id::async, true, "async_resource: the driver's stream-ordered allocator"},
-    {"managed", base_id::managed, true, "managed_resource: managed (unified) memory"},
-    {"vmm", base_id::vmm, true, "vmm_pool_resource: a virtual-memory pool"},
+    {"cuda", base_id::cuda},    // cuda_resource
+    {"pool", base_id::pool},    // pool_resource over cuda_resource
+    {"async", base_id::async},  // async_resource: the driver's stream-ordered allocator
+    {"managed", base_id::managed},  // managed_resource: managed (unified) memory
+    {"vmm", base_id::vmm},      // vmm_pool_resource: a virtual-memory pool
 };
 
 constexpr unsigned bit(base_id b) { return 1U << static_cast<unsigned>(b); }
@@ -108,7 +106,6 @@ std::string lower(std::string_view s) {
 std::string known_bases() {
   std::string s;
   for (const auto& b : bases) {
-    if (!b.available) continue;
     if (!s.empty()) s += ", ";
     s += b.name;
   }
@@ -188,10 +185,6 @@ parsed parse(std::string_view conf) {
                      std::string(tokens[0]) + "\"");
     }
     fail(conf, "unknown base resource \"" + std::string(tokens[0]) + "\" (known: " + known_bases() + ")");
-  }
-  if (!p.base->available) {
-    fail(conf, "base resource \"" + std::string(tokens[0]) + "\" (" + std::string(p.base->what) +
-                   ") is not available in this version of gpumem (available: " + known_bases() + ")");
   }
   std::vector<std::string> seen;
   for (std::size_t k = 1; k < tokens.size(); ++k) {

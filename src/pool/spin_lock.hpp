@@ -1,6 +1,5 @@
-// A spin lock for the per-stream state of the pools (pool_resource's arenas,
-// vmm_pool_resource's fronts), held for tens of nanoseconds by the threads of one
-// stream.
+// The lock of the pools' per-stream state (pool_resource's arenas,
+// vmm_pool_resource's fronts).
 #pragma once
 
 #include <atomic>

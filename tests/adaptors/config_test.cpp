@@ -198,6 +198,30 @@ memory_resource& base_of(memory_resource& r) {
   return *m;
 }
 
+// Through a whole stack: 1 MiB allocated, written and read back on the device and
+// counted by the statistics; `over_limit` bytes refused by the limit; the 1 MiB
+// freed and the log flushed.
+void exercise_stack(memory_resource& r, statistics_adaptor& stats, logging_adaptor& log, std::size_t over_limit,
+                    std::uint8_t pattern) {
+  stream s(0);
+  void* p = r.allocate(MiB, s);
+  device_fill(p, MiB, pattern, s);
+  EXPECT_EQ(device_count_mismatches(p, MiB, pattern, s), 0U);
+  EXPECT_EQ(stats.statistics().current_bytes, MiB);
+  EXPECT_THROW(r.allocate(over_limit, s), out_of_memory) << "the limit is in the stack";
+  r.deallocate(p, MiB, s);
+  s.synchronize();
+  log.flush();
+}
+
+// Dropping the stack reports its statistics (the 1 MiB peak of exercise_stack).
+void expect_statistics_reported_when_dropped(std::shared_ptr<memory_resource>& r) {
+  testing::internal::CaptureStderr();
+  r.reset();
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("statistics (GPUMEM_CONF): peak 1.00 MiB"),
+            std::string::npos);
+}
+
 TEST(Config, EveryAdaptorWorksOverTheNewBases) {
   for (const char* base : {"async", "managed", "vmm"}) {
     SCOPED_TRACE(base);
@@ -222,22 +246,11 @@ TEST(Config, EveryAdaptorWorksOverTheNewBases) {
     EXPECT_TRUE(right_type) << "the stack's base is the resource " << base << " names";
     EXPECT_EQ(r->properties().host_accessible, std::string_view(base) == "managed") << "the base's properties show through";
 
-    stream s(0);
-    void* p = r->allocate(MiB, s);
-    device_fill(p, MiB, 0x11, s);
-    EXPECT_EQ(device_count_mismatches(p, MiB, 0x11, s), 0U);
-    EXPECT_EQ(stats->statistics().current_bytes, MiB);
-    EXPECT_THROW(r->allocate(8 * MiB, s), out_of_memory) << "the limit is in the stack";
-    r->deallocate(p, MiB, s);
-    s.synchronize();
-    log->flush();
+    exercise_stack(*r, *stats, *log, 8 * MiB, 0x11);
     const csv_file csv = read_csv(file.str());
     EXPECT_EQ(csv.rows.size(), 3U) << "allocate, the refused allocate, free";
     for (const auto& row : csv.rows) EXPECT_EQ(row.at("source"), "app");
-    testing::internal::CaptureStderr();
-    r.reset();
-    EXPECT_NE(testing::internal::GetCapturedStderr().find("statistics (GPUMEM_CONF): peak 1.00 MiB"),
-              std::string::npos);
+    expect_statistics_reported_when_dropped(r);
   }
 }
 
@@ -294,23 +307,13 @@ TEST(Config, TheWholeStackWorks) {
   ASSERT_NE(log, nullptr);
   auto* stats = dynamic_cast<statistics_adaptor*>(&log->upstream());
   ASSERT_NE(stats, nullptr);
-  stream s(0);
-  void* p = r->allocate(MiB, s);
-  device_fill(p, MiB, 0x5E, s);
-  EXPECT_EQ(device_count_mismatches(p, MiB, 0x5E, s), 0U);
-  EXPECT_EQ(stats->statistics().current_bytes, MiB);
-  EXPECT_THROW(r->allocate(65 * MiB, s), out_of_memory) << "the limit is in the stack";
-  r->deallocate(p, MiB, s);
-  log->flush();
+  exercise_stack(*r, *stats, *log, 65 * MiB, 0x5E);
   const csv_file csv = read_csv(file.str());
   std::size_t upstream_rows = 0;
   for (const auto& row : csv.rows) upstream_rows += row.at("source") == "upstream" ? 1 : 0;
   EXPECT_EQ(upstream_rows, 1U) << "the pool's initial chunk";
   EXPECT_EQ(csv.rows.size(), 4U);
-  testing::internal::CaptureStderr();
-  r.reset();
-  EXPECT_NE(testing::internal::GetCapturedStderr().find("statistics (GPUMEM_CONF): peak 1.00 MiB"),
-            std::string::npos);
+  expect_statistics_reported_when_dropped(r);
 }
 
 TEST(Config, TheDefaultCurrentResourceFollowsGpumemConf) {

@@ -202,28 +202,53 @@ TEST(Ipc, ImporterThatDiesWithoutClosingLeavesThePoolIntact) {
   s.synchronize();
 }
 
+// One allocation of `bytes` from each kind of shareable memory on device 0 (cuMemAlloc,
+// a shareable driver pool, a shareable virtual-memory pool), freed at the end.
+struct one_of_each_kind {
+  static constexpr gpumem::ipc_kind kinds[] = {gpumem::ipc_kind::legacy, gpumem::ipc_kind::pool,
+                                               gpumem::ipc_kind::vmm};
+
+  explicit one_of_each_kind(std::size_t bytes) : n(bytes) {
+    for (int i = 0; i < 3; ++i) pointers[i] = resource(i).allocate(n, s);
+    s.synchronize();
+  }
+  ~one_of_each_kind() {
+    try {
+      for (int i = 0; i < 3; ++i) resource(i).deallocate(pointers[i], n, s);
+      s.synchronize();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "freeing: " << e.what();
+    }
+  }
+  one_of_each_kind(const one_of_each_kind&) = delete;
+  one_of_each_kind& operator=(const one_of_each_kind&) = delete;
+
+  gpumem::memory_resource& resource(int i) {
+    gpumem::memory_resource* all[] = {&legacy_mr, &pool_mr, &vmm_mr};
+    return *all[i];
+  }
+  static gpumem::vmm_pool_options shareable() {
+    gpumem::vmm_pool_options o;
+    o.posix_fd_shareable = true;
+    return o;
+  }
+
+  gpumem::cuda_resource legacy_mr{0};
+  gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
+  gpumem::vmm_pool_resource vmm_mr{0, shareable()};
+  gpumem::stream s{0};
+  const std::size_t n;
+  void* pointers[3]{};
+};
+
 // Issue #8: a child imports for the device other than the memory's (peer access), reads
 // the parent's bytes and writes its own from there, for every kind.
 TEST(Ipc, ImportForAnotherDeviceThroughPeerAccess) {
   if (gpumem::device_count() < 2) GTEST_SKIP() << "needs two devices";
-  gpumem::cuda_resource legacy_mr{0};
-  gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
-  gpumem::vmm_pool_options shareable;
-  shareable.posix_fd_shareable = true;
-  gpumem::vmm_pool_resource vmm_mr{0, shareable};
-  gpumem::stream s{0};
-  const std::size_t n = (2 << 20) + 4096;
-  void* a = legacy_mr.allocate(n, s);
-  void* b = pool_mr.allocate(n, s);
-  void* c = vmm_mr.allocate(n, s);
-  s.synchronize();
-  round_trip(legacy_mr, a, n, gpumem::ipc_kind::legacy, "other-device");
-  round_trip(pool_mr, b, n, gpumem::ipc_kind::pool, "other-device");
-  round_trip(vmm_mr, c, n, gpumem::ipc_kind::vmm, "other-device");
-  legacy_mr.deallocate(a, n, s);
-  pool_mr.deallocate(b, n, s);
-  vmm_mr.deallocate(c, n, s);
-  s.synchronize();
+  one_of_each_kind memory{(2 << 20) + 4096};
+  for (int i = 0; i < 3; ++i) {
+    round_trip(memory.resource(i), memory.pointers[i], memory.n, one_of_each_kind::kinds[i], "other-device");
+  }
 }
 
 // Without peer access (the simulator's set_peer_access(false)), importing for the other
@@ -231,21 +256,9 @@ TEST(Ipc, ImportForAnotherDeviceThroughPeerAccess) {
 TEST(Ipc, ImportForADeviceWithoutPeerAccessSaysWhy) {
   if (gpumem::device_count() < 2) GTEST_SKIP() << "needs two devices";
   if (gpumem::current_backend() != gpumem::backend_kind::sim) GTEST_SKIP() << "needs the simulator";
-  gpumem::cuda_resource legacy_mr{0};
-  gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
-  gpumem::vmm_pool_options shareable;
-  shareable.posix_fd_shareable = true;
-  gpumem::vmm_pool_resource vmm_mr{0, shareable};
-  gpumem::stream s{0};
-  const std::size_t n = 65536;
-  void* a = legacy_mr.allocate(n, s);
-  void* b = pool_mr.allocate(n, s);
-  void* c = vmm_mr.allocate(n, s);
-  s.synchronize();
-  const gpumem::memory_resource* resources[] = {&legacy_mr, &pool_mr, &vmm_mr};
-  void* pointers[] = {a, b, c};
+  one_of_each_kind memory{65536};
   for (int i = 0; i < 3; ++i) {
-    gpumem::ipc_handle handle = gpumem::export_allocation(*resources[i], pointers[i], n);
+    gpumem::ipc_handle handle = gpumem::export_allocation(memory.resource(i), memory.pointers[i], memory.n);
     const child_report report = run_child("no-peer", handle);
     ASSERT_EQ(report.text.rfind("ok typed: ", 0), 0u) << report.text;
     const std::string other = std::to_string((handle.device() + 1) % gpumem::device_count());
@@ -255,10 +268,6 @@ TEST(Ipc, ImportForADeviceWithoutPeerAccessSaysWhy) {
     EXPECT_NE(report.text.find("cuDeviceCanAccessPeer"), std::string::npos) << report.text;
     EXPECT_EQ(report.status, 0);
   }
-  legacy_mr.deallocate(a, n, s);
-  pool_mr.deallocate(b, n, s);
-  vmm_mr.deallocate(c, n, s);
-  s.synchronize();
 }
 
 TEST(Ipc, HandleOfAFreedAllocationDoesNotOpen) {
