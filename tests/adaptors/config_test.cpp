@@ -103,6 +103,14 @@ TEST(Config, OptionsABaseDoesNotTakeAreRefused) {
   EXPECT_NE(error_of("async,release_threshold=0").find("is not a size"), std::string::npos);
 }
 
+// What every base built from a configuration on device 0 says of itself.
+void expect_thread_safe_device_memory(const resource_properties& props, bool host_accessible) {
+  EXPECT_EQ(props.device, 0);
+  EXPECT_TRUE(props.device_accessible);
+  EXPECT_EQ(props.host_accessible, host_accessible);
+  EXPECT_TRUE(props.thread_safe);
+}
+
 TEST(Config, AsyncBuildsTheDriversStreamOrderedPool) {
   auto r = make_resource_from_config("async,initial=4M,maximum=64MiB,release_threshold=64M", 0);
   // (A threshold below the driver's reservation chunk would let it give the primed memory back.)
@@ -112,11 +120,7 @@ TEST(Config, AsyncBuildsTheDriversStreamOrderedPool) {
   EXPECT_EQ(async->device(), 0);
   EXPECT_EQ(async->release_threshold(), 64 * MiB);
   EXPECT_GE(async->statistics().reserved_bytes, 4 * MiB) << "initial is reserved at construction";
-  const resource_properties props = r->properties();
-  EXPECT_EQ(props.device, 0);
-  EXPECT_TRUE(props.device_accessible);
-  EXPECT_FALSE(props.host_accessible);
-  EXPECT_TRUE(props.thread_safe);
+  expect_thread_safe_device_memory(r->properties(), /*host_accessible=*/false);
   stream s(0);
   void* p = r->allocate(MiB, s);
   device_fill(p, MiB, 0xA5, s);
@@ -150,11 +154,7 @@ TEST(Config, ManagedBuildsManagedMemoryTheHostCanTouch) {
   ASSERT_NE(managed, nullptr);
   EXPECT_EQ(managed->device(), 0);
   EXPECT_EQ(managed->attach(), managed_attach::global);
-  const resource_properties props = r->properties();
-  EXPECT_EQ(props.device, 0);
-  EXPECT_TRUE(props.device_accessible);
-  EXPECT_TRUE(props.host_accessible);
-  EXPECT_TRUE(props.thread_safe);
+  expect_thread_safe_device_memory(r->properties(), /*host_accessible=*/true);
   stream s(0);
   auto* p = static_cast<unsigned char*>(r->allocate(MiB, s));
   EXPECT_EQ(managed->allocated_bytes(), MiB);
@@ -170,11 +170,7 @@ TEST(Config, VmmBuildsTheVirtualMemoryPool) {
   auto* vmm = dynamic_cast<vmm_pool_resource*>(r.get());
   ASSERT_NE(vmm, nullptr);
   EXPECT_EQ(vmm->options().release_threshold_bytes, 2 * MiB);
-  const resource_properties props = r->properties();
-  EXPECT_EQ(props.device, 0);
-  EXPECT_TRUE(props.device_accessible);
-  EXPECT_FALSE(props.host_accessible);
-  EXPECT_TRUE(props.thread_safe);
+  expect_thread_safe_device_memory(r->properties(), /*host_accessible=*/false);
   stream s(0);
   void* p = r->allocate(3 * MiB, s);
   device_fill(p, 3 * MiB, 0x77, s);
