@@ -33,7 +33,13 @@ class VmmPool : public ::testing::Test {
 
 TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
   vmm_pool_resource pool(0);
-  const std::size_t total = device_memory_info(0).total_bytes;
+  // W4 divides by (total - live); the test divides by what the device had free
+  // when it began (the context and this process's earlier tests hold the rest:
+  // about 0.5 GiB on an 80 GB H100, over 1% there), so it asserts only what
+  // the pool decides.
+  const memory_info mem = device_memory_info(0);
+  const std::size_t total = mem.total_bytes;
+  const std::size_t available = mem.free_bytes;
   constexpr std::size_t block = 64 * MiB;
   std::vector<void*> held;
   while ((held.size() + 1) * block <= total * 9 / 10) held.push_back(pool.allocate(block, s));
@@ -54,7 +60,7 @@ TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
   pool.deallocate(big, quarter, s);
   EXPECT_GT(pool.statistics().chunks_remapped, 0U);
   // The largest allocation that succeeds (bisection in MiB).
-  std::size_t lo = 0, hi = (total - live) / MiB + 1;
+  std::size_t lo = 0, hi = (available - live) / MiB + 1;
   while (hi - lo > 1) {
     const std::size_t mid = (lo + hi) / 2;
     try {
@@ -65,8 +71,8 @@ TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
       hi = mid;
     }
   }
-  const double ratio = static_cast<double>(lo * MiB) / static_cast<double>(total - live);
-  EXPECT_GE(ratio, 0.99) << "largest " << lo << " MiB of " << (total - live) / MiB << " MiB free";
+  const double ratio = static_cast<double>(lo * MiB) / static_cast<double>(available - live);
+  EXPECT_GE(ratio, 0.99) << "largest " << lo << " MiB of " << (available - live) / MiB << " MiB free";
   for (void* p : held) {
     if (p != nullptr) pool.deallocate(p, block, s);
   }
