@@ -4,8 +4,10 @@
 // when the device has no physical memory left for a request, free handles from
 // anywhere in the pool are mapped under the request's addresses (their old
 // mappings are unmapped later, off the request's path), so an allocation fails
-// only if the device and the pool together lack the physical memory. A
-// per-stream front serves a stream's repeated sizes without the pool's lock.
+// only if the device and the pool together lack the physical memory. Small
+// requests are served by per-stream arenas over ranges the pool lends them, and
+// a per-stream front serves a stream's repeated larger sizes, both without the
+// pool's lock.
 //
 // Memory is unmapped only once the host has seen the frees it covers complete
 // (events); the device is synchronised only when memory is short and the frees
@@ -42,6 +44,13 @@ struct vmm_pool_options {
   // threshold, every free takes the pool's lock (the per-stream fronts serve
   // allocations only).
   std::size_t release_threshold_bytes = std::numeric_limits<std::size_t>::max();
+  // Requests of at most this many bytes go to per-stream arenas (pool_resource's
+  // allocator: a hot path without the pool's lock, scaling with threads) over
+  // address ranges the pool lends them, whole ranges of at most arena_chunk_bytes.
+  // Larger requests, and every request when this is 0 or a release threshold is
+  // set, go to the pool's own address-wide allocator. See docs/vmm.md, "Arenas".
+  std::size_t arena_max_bytes = std::size_t{4} << 20;
+  std::size_t arena_chunk_bytes = std::size_t{32} << 20;
   // Devices besides the owner that get read/write access to the whole pool.
   std::vector<int> peer_devices;
   bool posix_fd_shareable = false;

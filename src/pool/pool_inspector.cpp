@@ -84,4 +84,18 @@ std::string pool_inspector::violations(pool_resource& pool) {
   return {};
 }
 
+std::size_t pool_inspector::live_requested_bytes(const pool_resource& pool, const void* ptr) {
+  const pool_resource::impl& p = *pool.impl_;
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::shared_lock chunks_lock(p.chunks_mutex);
+  auto it = p.chunks.upper_bound(address);
+  if (it == p.chunks.begin()) return 0;
+  --it;
+  if (address >= it->first + it->second->size) return 0;
+  arena& a = *it->second->owner;
+  std::lock_guard lock(a.lock);
+  const block* b = a.live.find(address);
+  return b != nullptr && !b->cached ? b->requested_bytes : 0;
+}
+
 }  // namespace gpumem::detail

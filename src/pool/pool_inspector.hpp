@@ -5,6 +5,7 @@
 // Not for the hot path: it locks everything and walks every block.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "gpumem/export.hpp"
@@ -15,6 +16,8 @@ namespace gpumem::detail {
 struct GPUMEM_EXPORT pool_inspector {
   // Empty when every invariant holds, else a description of the first violation.
   static std::string violations(pool_resource& pool);
+  // The bytes requested for ptr when it is a live allocation of the pool, else 0.
+  static std::size_t live_requested_bytes(const pool_resource& pool, const void* ptr);
 };
 
 }  // namespace gpumem::detail

@@ -370,7 +370,9 @@ std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
   std::size_t released = 0;
   for (victim& v : victims) {
     void* base = reinterpret_cast<void*>(v.c->base);
-    if (v.fence != nullptr) {
+    // A fence already complete needs no ordering: the upstream gets the chunk as
+    // memory whose use is over (and may give it back to the device at once).
+    if (v.fence != nullptr && detail::driver().cuEventQuery(v.fence) != CUDA_SUCCESS) {
       // Ordered after the frees on the device; the host does not wait.
       CUstream ms = maintenance_stream();
       GPUMEM_CU(cuStreamWaitEvent, ms, v.fence, 0);

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "driver/driver.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
 #include "pool/free_index.hpp"
 #include "vmm/virtual_memory.hpp"
@@ -43,6 +45,7 @@ struct vmm_pool_resource::impl {
     front* freed_on = nullptr;  // the stream it was freed on (pending blocks)
     std::uint64_t epoch = 0;    // that stream's free count at the free
     front* owner = nullptr;     // allocated and tracked by this front (live there or cached)
+    bool lent = false;          // allocated: a range lent to the arenas (Note [Arenas over lent ranges])
     // ---- the mapped free index's links (free, mapped blocks) ----
     std::uintptr_t addr = 0;
     blk* prev_free = nullptr;
@@ -56,6 +59,26 @@ struct vmm_pool_resource::impl {
 
   impl(int dev, vmm_pool_options o);
   ~impl();
+
+  // ---- the allocator over the whole reservation (vmm_pool_resource.cpp) ----
+  // `lend`: the block is a range for the arenas (never from a front's cache).
+  void* allocate_core(std::size_t bytes, stream_view stream, std::size_t alignment, bool lend);
+  void deallocate_core(void* ptr, std::size_t bytes, stream_view stream);
+  void* hand_out(std::uintptr_t at, std::size_t size, bool lend);  // the pool's mutex is held
+  // Frees an allocated block: pending on `freed_on` at `epoch`, or settled when null.
+  void free_block(block_iter it, front* freed_on, std::uint64_t epoch);
+  // Whether ptr is a block the core handed out itself (not a lent range).
+  bool holds_unlent(const void* ptr) const;
+
+  // ---- the arenas' upstream (vmm_pool_arenas.cpp) ----
+  // Lends [returned, + bytes) to the arenas; takes it back freed on `stream`
+  // (fenced there at once), or already complete when `complete`.
+  void* lend(std::size_t bytes, stream_view stream);
+  void take_back(void* ptr, std::size_t bytes, stream_view stream, bool complete);
+  struct lender;
+  void make_arenas();  // the end of construction
+  bool serves_in_arenas(std::size_t bytes) const noexcept { return bytes <= arena_max; }
+  [[noreturn]] void throw_arena_oom(std::size_t bytes, const out_of_memory& from_arenas) const;
 
   // ---- fronts (vmm_pool_resource.cpp) ----
   front& front_for(stream_view s);
@@ -149,6 +172,14 @@ struct vmm_pool_resource::impl {
   std::size_t remapped = 0;
   std::size_t released = 0;
   std::uint64_t frees_since_check = 0;
+
+  std::size_t lent_bytes = 0;  // of `used`: ranges lent to the arenas
+  std::size_t lent_count = 0;  // of `live`
+
+  // Small requests (Note [Arenas over lent ranges]); null when arena_max is 0.
+  std::size_t arena_max = 0;
+  std::unique_ptr<memory_resource> arena_upstream;
+  std::unique_ptr<pool_resource> arenas;
 
   mutable std::shared_mutex fronts_mutex;
   std::unordered_map<CUstream, std::unique_ptr<front>> fronts;

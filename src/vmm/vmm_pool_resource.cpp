@@ -14,6 +14,7 @@
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "pool/pool_inspector.hpp"
 #include "stream_device.hpp"
 #include "vmm/vmm_pool_impl.hpp"
 
@@ -105,10 +106,12 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o) : device(dev), opt(st
   }
   blocks.emplace(base, blk{.size = address_bytes});
   free_unmapped.emplace(address_bytes, base);
+  make_arenas();
 }
 
 vmm_pool_resource::impl::~impl() {
   try {
+    arenas.reset();  // gives every lent range back (after a device synchronisation)
     device_context_guard g(device);
     GPUMEM_CU(cuCtxSynchronize);
     {
@@ -486,16 +489,37 @@ vmm_pool_resource::~vmm_pool_resource() = default;
 
 void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& m = *impl_;
+  if (m.serves_in_arenas(bytes)) [[likely]] {
+    try {
+      return m.arenas->do_allocate(bytes, stream, alignment);  // checks the capture state itself
+    } catch (const out_of_memory& e) {
+      m.throw_arena_oom(bytes, e);
+    }
+  }
   if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device)) [[unlikely]] {
     detail::throw_capturing("vmm_pool_resource", "allocate", stream.handle());
   }
+  try {
+    return m.allocate_core(bytes, stream, alignment, false);
+  } catch (const out_of_memory&) {
+    // The arenas' wholly free ranges may be what is missing: they give them
+    // back (after one device synchronisation, as the core's own last resort
+    // does) and the request is tried once more.
+    if (m.arenas == nullptr || m.arenas->release() == 0) throw;
+  }
+  return m.allocate_core(bytes, stream, alignment, false);
+}
+
+void* vmm_pool_resource::impl::allocate_core(std::size_t bytes, stream_view stream, std::size_t alignment,
+                                             bool lend) {
+  impl& m = *this;
   const std::size_t align = std::max(alignment, impl::granule);
   if (bytes > m.device_total || align > m.device_total) [[unlikely]] {
     m.throw_oom(bytes, "larger than the device's memory (" + std::to_string(m.device_total) + " bytes)");
   }
   const std::size_t size = vm::round_up(bytes, impl::granule);
   impl::front& f = m.front_for(stream);
-  if (f.cacheable) {
+  if (f.cacheable && !lend) {
     std::lock_guard fl(f.lock);
     const auto hit = f.cache.pop(size, align);
     if (hit.address != 0) [[likely]] {
@@ -533,9 +557,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
   const std::uintptr_t at = m.carve(it, size, align, bytes);
   if (had_memory) [[likely]] {
     if (wait_on != nullptr) m.wait_for(f.stream, wait_on);
-    m.used += size;
-    ++m.live;
-    return reinterpret_cast<void*>(at);
+    return m.hand_out(at, size, lend);
   }
   bool ok = false;
   try {
@@ -562,9 +584,7 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
       }
       if (ok) {
         if (wait_on != nullptr) m.wait_for(f.stream, wait_on);
-        m.used += size;
-        ++m.live;
-        return reinterpret_cast<void*>(again);
+        return m.hand_out(again, size, lend);
       }
       m.uncarve(again);
     }
@@ -573,16 +593,53 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
                            " in use; every free handle was offered)");
   }
   if (wait_on != nullptr) m.wait_for(f.stream, wait_on);
-  m.used += size;
-  ++m.live;
+  return m.hand_out(at, size, lend);
+}
+
+void vmm_pool_resource::impl::free_block(block_iter it, front* freed_on, std::uint64_t epoch) {
+  blk& b = it->second;
+  used -= b.size;
+  --live;
+  b.free = true;
+  b.mapped = true;  // a block handed out is mapped whole
+  b.pending = freed_on != nullptr;
+  b.freed_on = freed_on;
+  b.epoch = epoch;
+  insert_free(it->first, b);
+  coalesce(it);
+}
+
+void* vmm_pool_resource::impl::hand_out(std::uintptr_t at, std::size_t size, bool lend) {
+  used += size;
+  ++live;
+  if (lend) {
+    blocks.find(at)->second.lent = true;
+    lent_bytes += size;
+    ++lent_count;
+  }
   return reinterpret_cast<void*>(at);
 }
 
-void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream, std::size_t /*alignment*/) {
+void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& m = *impl_;
+  if (m.serves_in_arenas(bytes)) [[likely]] {
+    try {
+      m.arenas->do_deallocate(ptr, bytes, stream, alignment);  // checks the capture state itself
+      return;
+    } catch (const logic_error&) {
+      // Not an arena allocation: a larger one freed with a wrong size gets the
+      // core's message for that; anything else is not this pool's.
+      if (!m.holds_unlent(ptr)) throw;
+    }
+  }
   if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device)) [[unlikely]] {
     detail::throw_capturing("vmm_pool_resource", "deallocate", stream.handle());
   }
+  m.deallocate_core(ptr, bytes, stream);
+}
+
+void vmm_pool_resource::impl::deallocate_core(void* ptr, std::size_t bytes, stream_view stream) {
+  impl& m = *this;
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   impl::front& f = m.front_for(stream);
   auto fence_due = [&] {
@@ -608,7 +665,7 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
 
   std::lock_guard lock(m.mutex);
   auto it = m.blocks.find(at);
-  if (it == m.blocks.end() || it->second.free || it->second.stale) {
+  if (it == m.blocks.end() || it->second.free || it->second.stale || it->second.lent) {
     throw logic_error("vmm_pool_resource::deallocate: pointer was not allocated by this pool (or freed twice)");
   }
   impl::blk& b = it->second;
@@ -645,17 +702,7 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
     }
     if (m.several_streams.load(std::memory_order_relaxed)) ++f.unfenced;
   }
-  if (!cached) {
-    m.used -= b.size;
-    --m.live;
-    b.free = true;
-    b.mapped = true;
-    b.pending = true;
-    b.freed_on = &f;
-    b.epoch = epoch;
-    m.insert_free(at, b);
-    m.coalesce(it);
-  }
+  if (!cached) m.free_block(it, &f, epoch);
   if (!m.fast_free && m.mapped - m.used > m.opt.release_threshold_bytes &&
       ++m.frees_since_check >= m.opt.fence_interval) {
     m.frees_since_check = 0;
@@ -674,6 +721,7 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
 
 std::size_t vmm_pool_resource::trim() {
   impl& m = *impl_;
+  if (m.arenas != nullptr) m.arenas->trim();
   std::lock_guard lock(m.mutex);
   m.flush_fronts();
   m.settle(false, nullptr);
@@ -682,6 +730,7 @@ std::size_t vmm_pool_resource::trim() {
 
 std::size_t vmm_pool_resource::trim(stream_view stream) {
   impl& m = *impl_;
+  if (m.arenas != nullptr) m.arenas->trim(stream);
   impl::front& f = m.front_for(stream);
   std::lock_guard lock(m.mutex);
   m.flush_fronts();
@@ -692,6 +741,7 @@ std::size_t vmm_pool_resource::trim(stream_view stream) {
 
 std::size_t vmm_pool_resource::release() {
   impl& m = *impl_;
+  if (m.arenas != nullptr) m.arenas->release();
   std::lock_guard lock(m.mutex);
   {
     device_context_guard g(m.device);
@@ -706,11 +756,15 @@ std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_piece
                                                                                   std::size_t bytes) const {
   const impl& m = *impl_;
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+  // An arena's allocation lies inside a lent range: its pieces are that range's.
+  const std::size_t arena_live =
+      m.arenas != nullptr ? detail::pool_inspector::live_requested_bytes(*m.arenas, ptr) : 0;
   std::lock_guard lock(m.mutex);
   auto it = m.blocks.find(at);
-  bool live = it != m.blocks.end() && !it->second.free && !it->second.stale && bytes != 0 &&
-              bytes <= it->second.size;
-  if (live && it->second.owner != nullptr) {
+  bool live = arena_live != 0 ? bytes != 0 && bytes <= arena_live
+                              : it != m.blocks.end() && !it->second.free && !it->second.stale &&
+                                    !it->second.lent && bytes != 0 && bytes <= it->second.size;
+  if (live && arena_live == 0 && it->second.owner != nullptr) {
     // A front's block: live only while the front has it handed out (else it was freed and is cached).
     impl::front& o = *it->second.owner;
     std::lock_guard ol(o.lock);
@@ -730,14 +784,17 @@ std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_piece
 
 vmm_pool_statistics vmm_pool_resource::statistics() const {
   impl& m = *impl_;
+  // The arenas' view first (their lock, not the pool's): a lent range counts
+  // as what the arenas handed out of it.
+  const pool_statistics in_arenas = m.arenas != nullptr ? m.arenas->statistics() : pool_statistics{};
   std::lock_guard lock(m.mutex);
   m.flush_fronts();
   vmm_pool_statistics st;
-  st.used_bytes = m.used;
+  st.used_bytes = m.used - m.lent_bytes + in_arenas.used_bytes;
   st.mapped_bytes = m.mapped;
   st.address_bytes = m.address_bytes;
   st.largest_free_range = m.largest_free();
-  st.allocations = m.live;
+  st.allocations = m.live - m.lent_count + in_arenas.allocations;
   st.handles = m.maps.size();
   st.handles_created = m.handles_created;
   st.chunks_remapped = m.remapped;

@@ -99,8 +99,14 @@ const std::vector<resource_factory>& all_resources() {
          return std::make_shared<pinned_host_resource>(
              pinned_options{.portable = true, .device_mapped = true, .write_combined = true}, device);
        }},
-      // Virtual memory (docs/vmm.md): an expandable pool; small chunks and fences on every free.
+      // Virtual memory (docs/vmm.md): an expandable pool; small requests in its arenas by default.
       {"vmm_pool_resource", [](int device) { return std::make_shared<vmm_pool_resource>(device); }},
+      // Every request through the address-wide allocator and its per-stream fronts.
+      {"vmm_pool_resource_without_arenas", [](int device) {
+         vmm_pool_options o;
+         o.arena_max_bytes = 0;
+         return std::make_shared<vmm_pool_resource>(device, o);
+       }},
       {"vmm_pool_resource_fence_every_free", [](int device) {
          vmm_pool_options o;
          o.fence_interval = 1;

@@ -23,6 +23,14 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
+// The address-wide allocator and its fronts alone: the tests of its placement,
+// handles and fronts use small sizes, which the arenas would otherwise serve.
+vmm_pool_options without_arenas() {
+  vmm_pool_options o;
+  o.arena_max_bytes = 0;
+  return o;
+}
+
 class VmmPool : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -193,7 +201,7 @@ TEST_F(VmmPool, MovedHandlesNeverAliasLiveBlocks) {
 }
 
 TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
-  vmm_pool_resource pool(0);
+  vmm_pool_resource pool(0, without_arenas());
   void* p = pool.allocate(5000, s);
   pool.deallocate(p, 5000, s);
   void* q = pool.allocate(5000, s);
@@ -217,7 +225,7 @@ TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
 TEST_F(VmmPool, ABlockCachedInAFrontFreedAgainOnAnotherStreamIsADoubleFree) {
   // The second free arrives through the pool's lock, not the front's fast path: it
   // must still see that the front holds the block as freed (cached), not handed out.
-  vmm_pool_resource pool(0);
+  vmm_pool_resource pool(0, without_arenas());
   stream other(0);
   void* p = pool.allocate(5000, s);
   pool.deallocate(p, 5000, s);  // cached in s's front
@@ -235,7 +243,7 @@ TEST_F(VmmPool, ABlockCachedInAFrontFreedAgainOnAnotherStreamIsADoubleFree) {
 TEST_F(VmmPool, FrontReuseAcrossStreamsRespectsFences) {
   // A block freed on stream a while a's work still uses it must not be written
   // by work on stream b, whether it sits in a's front or was flushed from it.
-  vmm_pool_resource pool(0);
+  vmm_pool_resource pool(0, without_arenas());
   stream a(0), b(0);
   void* warm = pool.allocate(MiB, a);  // the block goes through a's front afterwards
   pool.deallocate(warm, MiB, a);
@@ -340,7 +348,7 @@ TEST_F(VmmPool, ReleaseThresholdKeepsAtMostThatMuchFree) {
 TEST_F(VmmPool, MappedFreeRangesServeBeforeUnmappedOnes) {
   // A free range with memory under it is taken before a better-fitting range
   // without (which would need new memory): no handle is created or moved.
-  vmm_pool_resource pool(0);
+  vmm_pool_resource pool(0, without_arenas());
   const std::size_t g = vmm::granularity(0);
   void* x = pool.allocate(2 * g, s);
   void* y = pool.allocate(g, s);
@@ -370,7 +378,7 @@ TEST_F(VmmPool, MappedFreeRangesServeBeforeUnmappedOnes) {
 }
 
 TEST_F(VmmPool, ARequestThatNeedsMemoryStillMaps) {
-  vmm_pool_resource pool(0);
+  vmm_pool_resource pool(0, without_arenas());
   const std::size_t g = vmm::granularity(0);
   void* a = pool.allocate(g + g / 2, s);  // one handle of 2 units; half a unit mapped and free after a
   EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g);
@@ -409,7 +417,7 @@ TEST_F(VmmPool, ARequestThatNeedsMemoryStillMaps) {
 TEST_F(VmmPool, MappedFirstReuseAcrossStreamsRespectsFences) {
   // A block freed on stream a, flushed from a's front into the pool's mapped
   // free ranges while a's work still uses it, must not be written by stream b.
-  vmm_pool_resource pool(0);
+  vmm_pool_resource pool(0, without_arenas());
   const std::size_t g = vmm::granularity(0);
   stream a(0), b(0);
   const std::size_t size = 2 * g + g / 2;
@@ -497,8 +505,10 @@ TEST(VmmPoolPieces, FreedForeignAndOversizedPointersAreRefused) {
   s.synchronize();
 }
 
-TEST(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
-  vmm_pool_resource pool(0);
+class VmmPoolCapture : public ::testing::TestWithParam<bool> {};
+
+TEST_P(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
+  vmm_pool_resource pool(0, GetParam() ? vmm_pool_options{} : without_arenas());
   stream s(0);
   void* before = pool.allocate(1000, s);
   // Relaxed: the test thread may still make other driver calls meanwhile.
@@ -513,6 +523,8 @@ TEST(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
   s.synchronize();
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
+INSTANTIATE_TEST_SUITE_P(ArenasOrNot, VmmPoolCapture, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "arenas" : "without_arenas"; });
 
 }  // namespace
 }  // namespace gpumem::test
