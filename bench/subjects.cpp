@@ -35,6 +35,14 @@ std::unique_ptr<memory_resource> pool_without_capture_check(int device) {
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
 }
 
+// The expandable pool with every request through its address-wide allocator
+// (vmm_pool_options::arena_max_bytes = 0): what the arenas change.
+std::unique_ptr<memory_resource> vmm_pool_without_arenas(int device) {
+  vmm_pool_options o;
+  o.arena_max_bytes = 0;
+  return std::make_unique<vmm_pool_resource>(device, o);
+}
+
 // Page-locked host memory, device-mapped (the default options): a host row,
 // skipped where a workload fills device memory (W4), like the malloc reference.
 std::unique_ptr<memory_resource> pinned_host(int device) {
@@ -46,6 +54,7 @@ constexpr subject subjects[] = {
     {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
+    {"gpumem vmm_pool_resource (arenas off)", subject_kind::gpumem, &vmm_pool_without_arenas},
     {"gpumem async_resource", subject_kind::gpumem, &on_device<async_resource>},
     {"gpumem managed_resource", subject_kind::gpumem, &on_device<managed_resource>},
     {"gpumem pinned_host_resource", subject_kind::gpumem, &pinned_host},

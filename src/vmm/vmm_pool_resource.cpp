@@ -38,7 +38,9 @@ using detail::validate_device;
 // front (Note [The per-stream front] in vmm_pool_front.hpp). Stream ordering
 // follows pool_resource's fencing rules (src/pool/arena.hpp): reuse on the
 // freeing stream at once, on another stream only after a device-side wait on
-// the freeing stream's fence.
+// the freeing stream's fence. Small requests are the exception: arenas over
+// ranges this allocator lends them (Note [Arenas over lent ranges] in
+// vmm_pool_arenas.cpp).
 //
 // Note [When a physical handle may be unmapped]
 // cuMemUnmap does not wait for work in flight. A handle's mapping is unmapped
