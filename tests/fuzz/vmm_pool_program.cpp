@@ -1,0 +1,134 @@
+// run_vmm_pool_program (vmm_pool_program.hpp).
+#include "fuzz/vmm_pool_program.hpp"
+
+#include <array>
+#include <map>
+#include <vector>
+
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/stream.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+
+namespace gpumem::test {
+namespace {
+
+class reader {
+ public:
+  reader(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
+  bool empty() const { return i_ >= n_; }
+  std::uint8_t byte() { return i_ < n_ ? d_[i_++] : 0; }
+  std::uint32_t u16() { return static_cast<std::uint32_t>(byte()) << 8 | byte(); }
+
+ private:
+  const std::uint8_t* d_;
+  std::size_t n_;
+  std::size_t i_ = 0;
+};
+
+struct allocation {
+  void* ptr;
+  std::size_t bytes;
+  std::size_t alignment;
+};
+
+std::array<stream, 3>& streams() {
+  static std::array<stream, 3> s{stream(0), stream(0), stream(0)};  // made once: sim streams are threads
+  return s;
+}
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+}  // namespace
+
+std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
+  reader in(data, size);
+  vmm_pool_options o;
+  const std::size_t arena_max[] = {0, 64 << 10, 4 * MiB};
+  o.arena_max_bytes = arena_max[in.byte() % 3];
+  o.arena_chunk_bytes = (2 * MiB) << (in.byte() % 5);  // 2 .. 32 MiB
+  o.max_handle_bytes = (2 * MiB) << (in.byte() % 10);  // 2 MiB .. 1 GiB
+  o.fence_interval = 1 + in.byte() % 32;
+  if (in.byte() % 4 == 0) o.release_threshold_bytes = (in.byte() % 4) * 16 * MiB;
+  const std::size_t device_free_before = device_memory_info(0).free_bytes;
+  std::map<std::uintptr_t, allocation> live;
+  std::vector<std::uintptr_t> order;
+  {
+    vmm_pool_resource pool(0, o);
+    auto check_statistics = [&]() -> std::string {
+      const vmm_pool_statistics st = pool.statistics();
+      std::size_t used = 0;
+      for (const auto& [a, al] : live) used += (al.bytes + 255) / 256 * 256;
+      if (st.allocations != live.size()) return "statistics count the wrong number of allocations";
+      if (st.used_bytes != used) return "statistics give the wrong used bytes";
+      if (st.used_bytes > st.mapped_bytes) return "more used than mapped";
+      return {};
+    };
+    for (int step = 0; !in.empty() && step < 300; ++step) {
+      const std::uint8_t op = in.byte() % 8;
+      stream& s = streams()[in.byte() % 3];
+      if (op <= 3) {  // allocate: from a few bytes to 1 GiB, mostly small
+        const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 15));
+        const std::size_t alignment = std::size_t{256} << (in.byte() % 4 == 0 ? in.byte() % 6 : 0);
+        void* p = nullptr;
+        try {
+          p = pool.allocate(bytes, s, alignment);
+        } catch (const out_of_memory&) {
+          continue;
+        }
+        const auto a = reinterpret_cast<std::uintptr_t>(p);
+        if (a % alignment != 0) return "misaligned allocation";
+        auto next = live.lower_bound(a);
+        if (next != live.end() && a + bytes > next->first) return "overlaps the next allocation";
+        if (next != live.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) {
+          return "overlaps the previous allocation";
+        }
+        if (pool.physical_pieces(p, bytes).empty()) return "a live allocation has no physical pieces";
+        live.emplace(a, allocation{p, bytes, alignment});
+        order.push_back(a);
+      } else if (op <= 5 && !order.empty()) {  // free, on any stream; sometimes a wrong size first
+        const std::size_t k = in.u16() % order.size();
+        const allocation al = live.at(order[k]);
+        if (in.byte() % 8 == 0) {
+          const std::size_t wrong = al.bytes > 4 * MiB ? al.bytes / 2 + 1 : al.bytes + 64 * MiB;
+          try {
+            pool.deallocate(al.ptr, wrong, s, al.alignment);
+            return "a free with the wrong size was accepted";
+          } catch (const logic_error&) {
+          }
+        }
+        pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+        live.erase(order[k]);
+        order[k] = order.back();
+        order.pop_back();
+        if (in.byte() % 8 == 0) {
+          try {
+            pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+            return "a double free was accepted";
+          } catch (const logic_error&) {
+          }
+        }
+      } else if (op == 6) {
+        if (in.byte() & 1U) {
+          pool.trim(s);
+        } else {
+          pool.trim();
+        }
+      } else {
+        if (std::string v = check_statistics(); !v.empty()) return v;
+        if (in.byte() % 4 == 0) pool.release();
+      }
+    }
+    if (std::string v = check_statistics(); !v.empty()) return v;
+    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, streams()[0], al.alignment);
+    live.clear();
+    pool.release();
+    const vmm_pool_statistics st = pool.statistics();
+    if (st.allocations != 0 || st.used_bytes != 0) return "allocations left after freeing everything";
+    if (st.mapped_bytes != 0 || st.handles != 0) return "release() kept physical memory with nothing live";
+  }
+  if (device_memory_info(0).free_bytes != device_free_before) return "the pool lost device memory";
+  return {};
+}
+
+}  // namespace gpumem::test
