@@ -3,6 +3,7 @@
 
 #include <array>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "gpumem/device.hpp"
@@ -127,7 +128,11 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     if (st.allocations != 0 || st.used_bytes != 0) return "allocations left after freeing everything";
     if (st.mapped_bytes != 0 || st.handles != 0) return "release() kept physical memory with nothing live";
   }
-  if (device_memory_info(0).free_bytes != device_free_before) return "the pool lost device memory";
+  const std::size_t device_free_after = device_memory_info(0).free_bytes;
+  if (device_free_after != device_free_before) {
+    return "the pool lost device memory: " + std::to_string(device_free_before) + " bytes free before, " +
+           std::to_string(device_free_after) + " after";
+  }
   return {};
 }
 

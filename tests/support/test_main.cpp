@@ -8,6 +8,7 @@
 
 #include "gpumem/backend.hpp"
 #include "gpumem/device.hpp"
+#include "support/touch.hpp"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -24,5 +25,6 @@ int main(int argc, char** argv) {
   std::printf("gpumem tests: backend %s, %d device(s), device 0: %s\n",
               std::string(gpumem::to_string(kind)).c_str(), gpumem::device_count(),
               gpumem::device_name(0).c_str());
+  gpumem::test::reserve_check_memory();
   return RUN_ALL_TESTS();
 }

@@ -4,11 +4,14 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "driver/driver.hpp"
 #include "gpumem/backend.hpp"
+#include "gpumem/device.hpp"
 #ifdef GPUMEM_TEST_HAVE_KERNELS
 #include "support/touch_kernels.hpp"
 #endif
@@ -95,6 +98,52 @@ std::size_t device_count_mismatches(const void* ptr, std::size_t bytes, std::uin
   return check.mismatches();
 }
 
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+namespace {
+
+// The kernels' mismatch counters, allocated in blocks and kept for the process:
+// a check must not need device memory at the moment it runs, when the pool under
+// test may hold all of it (reserve_check_memory() takes the first block early).
+class counters {
+ public:
+  static counters& instance() {
+    static counters c;
+    return c;
+  }
+  CUdeviceptr take(int device) {
+    std::lock_guard lock(mutex_);
+    std::vector<CUdeviceptr>& free = free_[device];
+    if (free.empty()) {
+      detail::device_context_guard g(device);
+      CUdeviceptr block = 0;
+      GPUMEM_CU(cuMemAlloc, &block, per_block * sizeof(unsigned long long));
+      for (std::size_t i = 0; i < per_block; ++i) free.push_back(block + i * sizeof(unsigned long long));
+    }
+    const CUdeviceptr c = free.back();
+    free.pop_back();
+    return c;
+  }
+  void give(int device, CUdeviceptr c) {
+    std::lock_guard lock(mutex_);
+    free_[device].push_back(c);
+  }
+
+ private:
+  static constexpr std::size_t per_block = 256;
+  std::mutex mutex_;
+  std::map<int, std::vector<CUdeviceptr>> free_;
+};
+
+}  // namespace
+#endif
+
+void reserve_check_memory() {
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+  if (current_method() != method::kernels) return;
+  for (int d = 0; d < device_count(); ++d) counters::instance().give(d, counters::instance().take(d));
+#endif
+}
+
 struct held_check::impl {
   stream_view stream;
   int device = 0;
@@ -132,7 +181,7 @@ held_check::held_check(void* ptr, std::size_t bytes, std::uint8_t value,
       st.device = stream_device(s);
       detail::device_context_guard g(st.device);
       ptr = device_address(ptr);
-      GPUMEM_CU(cuMemAlloc, &st.device_counter, sizeof(unsigned long long));
+      st.device_counter = counters::instance().take(st.device);
       st.counting_on_device = true;
       GPUMEM_CU(cuMemsetD8Async, st.device_counter, 0, sizeof(unsigned long long), s.handle());
       if (fill_first) {
@@ -164,10 +213,9 @@ held_check::~held_check() {
   if (impl_) {  // the queued check still refers to impl_: let it finish first
     (void)detail::driver().cuStreamSynchronize(impl_->stream.handle());
   }
-  if (impl_ && impl_->device_counter != 0) {
-    detail::device_context_guard g(impl_->device);
-    (void)detail::driver().cuMemFree(impl_->device_counter);
-  }
+#ifdef GPUMEM_TEST_HAVE_KERNELS
+  if (impl_ && impl_->device_counter != 0) counters::instance().give(impl_->device, impl_->device_counter);
+#endif
 }
 
 std::size_t held_check::mismatches() {

@@ -16,6 +16,11 @@ namespace gpumem::test {
 // How device work is issued in this run: "kernels", "host functions" or "driver copies".
 const char* touch_method();
 
+// Takes, while the devices are still empty, what device_count_mismatches needs
+// on the device, so that a check still runs after a test has filled a device
+// through the pool under test. The tests' main calls it once.
+void reserve_check_memory();
+
 // Every byte of [ptr, ptr + bytes) := value, queued on `s`.
 void device_fill(void* ptr, std::size_t bytes, std::uint8_t value, stream_view s);
 
