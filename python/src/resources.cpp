@@ -1,6 +1,8 @@
 // Memory resources from Python: the contract (MemoryResource), cuda_resource,
-// pool_resource, the per-device current resource, and memory_info, which says
-// how much a device could still hand out through its current resource.
+// pool_resource, vmm_pool_resource, the per-device current resource, and
+// memory_info, which says how much a device could still hand out through its
+// current resource.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -9,6 +11,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
 #include "gpumem/cuda_resource.hpp"
@@ -17,6 +20,7 @@
 #include "gpumem/error.hpp"
 #include "gpumem/memory_resource.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 
 namespace gpumem::python {
 namespace {
@@ -38,6 +42,21 @@ nb::dict statistics_dict(const pool_statistics& s) {
   return d;
 }
 
+nb::dict statistics_dict(const vmm_pool_statistics& s) {
+  nb::dict d;
+  d["used_bytes"] = s.used_bytes;
+  d["mapped_bytes"] = s.mapped_bytes;
+  d["address_bytes"] = s.address_bytes;
+  d["largest_free_range"] = s.largest_free_range;
+  d["allocations"] = s.allocations;
+  d["handles"] = s.handles;
+  d["handles_created"] = s.handles_created;
+  d["chunks_remapped"] = s.chunks_remapped;
+  d["chunks_released"] = s.chunks_released;
+  d["stale_mappings"] = s.stale_mappings;
+  return d;
+}
+
 // (free, total) of `device` as its current resource sees it: what the device has
 // free plus what the resource holds free. Resources that cannot say raise.
 std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
@@ -47,6 +66,10 @@ std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
   const gpumem::memory_info m = device_memory_info(d);
   if (auto* pool = dynamic_cast<pool_resource*>(r.get())) {
     return {m.free_bytes + pool->statistics().free_bytes, m.total_bytes};
+  }
+  if (auto* vmm = dynamic_cast<vmm_pool_resource*>(r.get())) {
+    const vmm_pool_statistics st = vmm->statistics();
+    return {m.free_bytes + (st.mapped_bytes - std::min(st.used_bytes, st.mapped_bytes)), m.total_bytes};
   }
   if (dynamic_cast<cuda_resource*>(r.get()) != nullptr) return {m.free_bytes, m.total_bytes};
   throw unsupported_error("gpumem.memory_info: the current resource of device " + std::to_string(d) +
@@ -178,6 +201,78 @@ void bind_resources(nb::module_& m) {
         return "<gpumem.PoolResource device=" + std::to_string(p.properties().device) +
                " used_bytes=" + std::to_string(s.used_bytes) +
                " reserved_bytes=" + std::to_string(s.reserved_bytes) + ">";
+      });
+
+  vmm_pool_options vmm_defaults;
+  nb::class_<vmm_pool_resource, memory_resource>(
+      m, "VmmPoolResource",
+      "A stream-ordered pool on CUDA virtual memory that does not fail for fragmentation "
+      "(docs/vmm.md).")
+      .def(
+          "__init__",
+          [](vmm_pool_resource* self, std::optional<int> device, std::size_t chunk_bytes,
+             std::size_t max_handle_bytes, std::size_t address_bytes,
+             std::optional<std::size_t> release_threshold_bytes, std::size_t arena_max_bytes,
+             std::size_t arena_chunk_bytes, std::vector<int> peer_devices, bool posix_fd_shareable,
+             unsigned fence_interval) {
+            vmm_pool_options o;
+            o.chunk_bytes = chunk_bytes;
+            o.max_handle_bytes = max_handle_bytes;
+            o.address_bytes = address_bytes;
+            if (release_threshold_bytes) o.release_threshold_bytes = *release_threshold_bytes;
+            o.arena_max_bytes = arena_max_bytes;
+            o.arena_chunk_bytes = arena_chunk_bytes;
+            o.peer_devices = std::move(peer_devices);
+            o.posix_fd_shareable = posix_fd_shareable;
+            o.fence_interval = fence_interval;
+            const int d = device ? *device : current_device();
+            nb::gil_scoped_release release;
+            new (self) vmm_pool_resource(d, std::move(o));
+          },
+          nb::arg("device") = nb::none(), nb::kw_only(), nb::arg("chunk_bytes") = vmm_defaults.chunk_bytes,
+          nb::arg("max_handle_bytes") = vmm_defaults.max_handle_bytes,
+          nb::arg("address_bytes") = vmm_defaults.address_bytes,
+          nb::arg("release_threshold_bytes").none() = nb::none(),
+          nb::arg("arena_max_bytes") = vmm_defaults.arena_max_bytes,
+          nb::arg("arena_chunk_bytes") = vmm_defaults.arena_chunk_bytes,
+          nb::arg("peer_devices") = std::vector<int>{},
+          nb::arg("posix_fd_shareable") = vmm_defaults.posix_fd_shareable,
+          nb::arg("fence_interval") = vmm_defaults.fence_interval,
+          "A pool of `device` (None: the current device); the keywords are vmm_pool_options "
+          "(release_threshold_bytes None: keep all free memory).")
+      .def("release", [](vmm_pool_resource& p) {
+             nb::gil_scoped_release release;
+             return p.release();
+           }, "Synchronizes the device once, then gives every fully free handle back. Returns bytes.")
+      .def(
+          "trim",
+          [](vmm_pool_resource& p, nb::handle stream) {
+            if (stream.is_none()) {
+              nb::gil_scoped_release release;
+              return p.trim();
+            }
+            stream_arg s = to_stream(stream);
+            nb::gil_scoped_release release;
+            return p.trim(s.handle);
+          },
+          nb::arg("stream").none() = nb::none(),
+          "Gives back the fully free handles whose frees are complete, without blocking the host "
+          "(after fencing `stream`'s frees when one is given). Returns bytes.")
+      .def("statistics", [](const vmm_pool_resource& p) {
+             vmm_pool_statistics s;
+             {
+               nb::gil_scoped_release release;
+               s = p.statistics();
+             }
+             return statistics_dict(s);
+           },
+           "used_bytes, mapped_bytes, address_bytes, largest_free_range, allocations, handles, "
+           "handles_created, chunks_remapped, chunks_released, stale_mappings.")
+      .def("__repr__", [](const vmm_pool_resource& p) {
+        const vmm_pool_statistics s = p.statistics();
+        return "<gpumem.VmmPoolResource device=" + std::to_string(p.properties().device) +
+               " used_bytes=" + std::to_string(s.used_bytes) +
+               " mapped_bytes=" + std::to_string(s.mapped_bytes) + ">";
       });
 
   m.def(

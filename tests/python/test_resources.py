@@ -159,3 +159,41 @@ def test_sim_counts_device_memory():
     assert gpumem.sim.live_allocations(0) == live + 1
     r.deallocate(p, 1 << 20)
     assert gpumem.sim.live_allocations(0) == live
+
+
+def test_vmm_pool_small_and_large_allocations_statistics_and_release():
+    pool = gpumem.VmmPoolResource(0)
+    small = gpumem.DeviceBuffer(1000, resource=pool)  # served by the pool's arenas
+    large = gpumem.DeviceBuffer(8 << 20, resource=pool)  # by its address-wide allocator
+    s = pool.statistics()
+    assert s["allocations"] == 2 and s["used_bytes"] == 1024 + (8 << 20)
+    assert s["mapped_bytes"] >= s["used_bytes"] and s["handles"] >= 2
+    with pytest.raises(gpumem.LogicError):
+        pool.deallocate(small.ptr, 999)
+    with pytest.raises(gpumem.LogicError):
+        pool.deallocate(large.ptr, 1000)
+    assert pool.statistics()["allocations"] == 2
+    del small, large
+    assert pool.statistics()["allocations"] == 0
+    assert pool.release() > 0
+    assert pool.statistics()["mapped_bytes"] == 0
+    assert pool.trim() == 0 and pool.trim(gpumem.Stream()) == 0
+    assert "VmmPoolResource device=0" in repr(pool)
+
+
+def test_vmm_pool_as_the_current_resource_and_memory_info():
+    pool = gpumem.VmmPoolResource(0, arena_max_bytes=0, release_threshold_bytes=64 << 20)
+    previous = gpumem.set_current_resource(pool, 0)
+    try:
+        b = gpumem.DeviceBuffer(3 << 20)
+        assert b.resource is pool
+        free, total = gpumem.memory_info(0)
+        assert 0 < free <= total
+        assert free >= gpumem.device_memory_info(0)[0]
+    finally:
+        gpumem.set_current_resource(previous, 0)
+
+
+def test_bad_vmm_pool_options_are_logic_errors():
+    with pytest.raises(gpumem.LogicError, match="fence_interval"):
+        gpumem.VmmPoolResource(0, fence_interval=0)
