@@ -50,7 +50,7 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
   o.arena_chunk_bytes = (2 * MiB) << (in.byte() % 5);  // 2 .. 32 MiB
   o.max_handle_bytes = (2 * MiB) << (in.byte() % 10);  // 2 MiB .. 1 GiB
   o.fence_interval = 1 + in.byte() % 32;
-  if (in.byte() % 4 == 0) o.release_threshold_bytes = (in.byte() % 4) * 16 * MiB;
+  if (in.byte() % 4 == 0) o.release_threshold_bytes = static_cast<std::size_t>(in.byte() % 4) * 16 * MiB;
   // The driver keeps some device memory for what a process makes first (its
   // streams, its first events): made once here, before the count starts.
   {
