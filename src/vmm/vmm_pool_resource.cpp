@@ -506,8 +506,12 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
   } catch (const out_of_memory&) {
     // The arenas' wholly free ranges may be what is missing: they give them
     // back (after one device synchronisation, as the core's own last resort
-    // does) and the request is tried once more.
-    if (m.arenas == nullptr || m.arenas->release() == 0) throw;
+    // does) and the request is tried once more. A request larger than the
+    // device fails at once, without that synchronisation.
+    if (m.arenas == nullptr || bytes > m.device_total || alignment > m.device_total ||
+        m.arenas->release() == 0) {
+      throw;
+    }
   }
   return m.allocate_core(bytes, stream, alignment, false);
 }
