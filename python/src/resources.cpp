@@ -57,6 +57,23 @@ nb::dict statistics_dict(const vmm_pool_statistics& s) {
   return d;
 }
 
+// The pools' release() and trim(stream=None), without the GIL while they run.
+template <class Pool>
+std::size_t release_memory(Pool& p) {
+  nb::gil_scoped_release release;
+  return p.release();
+}
+template <class Pool>
+std::size_t trim_memory(Pool& p, nb::handle stream) {
+  if (stream.is_none()) {
+    nb::gil_scoped_release release;
+    return p.trim();
+  }
+  stream_arg s = to_stream(stream);
+  nb::gil_scoped_release release;
+  return p.trim(s.handle);
+}
+
 // (free, total) of `device` as its current resource sees it: what the device has
 // free plus what the resource holds free. Resources that cannot say raise.
 std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
@@ -173,24 +190,11 @@ void bind_resources(nb::module_& m) {
           nb::arg("fence_interval") = defaults.fence_interval,
           nb::arg("fence_bytes") = defaults.fence_bytes,
           "A pool over `upstream` (None: a new CudaResource of `device`, None meaning the current device).")
-      .def("release", [](pool_resource& p) {
-             nb::gil_scoped_release release;
-             return p.release();
-           }, "Gives every fully free chunk back to the upstream (synchronizes the device once). Returns bytes.")
-      .def(
-          "trim",
-          [](pool_resource& p, nb::handle stream) {
-            if (stream.is_none()) {
-              nb::gil_scoped_release release;
-              return p.trim();
-            }
-            stream_arg s = to_stream(stream);
-            nb::gil_scoped_release release;
-            return p.trim(s.handle);
-          },
-          nb::arg("stream").none() = nb::none(),
-          "Gives back the fully free chunks whose frees are fenced, without blocking the host "
-          "(after fencing `stream`'s frees when one is given). Returns bytes.")
+      .def("release", &release_memory<pool_resource>,
+           "Gives every fully free chunk back to the upstream (synchronizes the device once). Returns bytes.")
+      .def("trim", &trim_memory<pool_resource>, nb::arg("stream").none() = nb::none(),
+           "Gives back the fully free chunks whose frees are fenced, without blocking the host "
+           "(after fencing `stream`'s frees when one is given). Returns bytes.")
       .def("statistics", [](const pool_resource& p) { return statistics_dict(p.statistics()); },
            "used_bytes, reserved_bytes, free_bytes, free_blocks, largest_free_block, allocations, "
            "chunks, streams.")
@@ -240,24 +244,11 @@ void bind_resources(nb::module_& m) {
           nb::arg("fence_interval") = vmm_defaults.fence_interval,
           "A pool of `device` (None: the current device); the keywords are vmm_pool_options "
           "(release_threshold_bytes None: keep all free memory).")
-      .def("release", [](vmm_pool_resource& p) {
-             nb::gil_scoped_release release;
-             return p.release();
-           }, "Synchronizes the device once, then gives every fully free handle back. Returns bytes.")
-      .def(
-          "trim",
-          [](vmm_pool_resource& p, nb::handle stream) {
-            if (stream.is_none()) {
-              nb::gil_scoped_release release;
-              return p.trim();
-            }
-            stream_arg s = to_stream(stream);
-            nb::gil_scoped_release release;
-            return p.trim(s.handle);
-          },
-          nb::arg("stream").none() = nb::none(),
-          "Gives back the fully free handles whose frees are complete, without blocking the host "
-          "(after fencing `stream`'s frees when one is given). Returns bytes.")
+      .def("release", &release_memory<vmm_pool_resource>,
+           "Synchronizes the device once, then gives every fully free handle back. Returns bytes.")
+      .def("trim", &trim_memory<vmm_pool_resource>, nb::arg("stream").none() = nb::none(),
+           "Gives back the fully free handles whose frees are complete, without blocking the host "
+           "(after fencing `stream`'s frees when one is given). Returns bytes.")
       .def("statistics", [](const vmm_pool_resource& p) {
              vmm_pool_statistics s;
              {

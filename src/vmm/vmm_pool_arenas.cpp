@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <string>
 
-#include "stream_device.hpp"
 #include "vmm/vmm_pool_impl.hpp"
 
 namespace gpumem {

@@ -99,6 +99,12 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o) : device(dev), opt(st
   opt.max_handle_bytes = vm::round_up(std::max(opt.max_handle_bytes, gran), gran);
   fast_free = opt.release_threshold_bytes == std::numeric_limits<std::size_t>::max();
   device_total = device_memory_info(dev).total_bytes;
+  // Before the reservation: a bad option leaves nothing behind.
+  if (opt.arena_max_bytes > device_total || opt.arena_chunk_bytes > device_total) {
+    throw logic_error("vmm_pool_resource: arena_max_bytes (" + std::to_string(opt.arena_max_bytes) +
+                      ") and arena_chunk_bytes (" + std::to_string(opt.arena_chunk_bytes) +
+                      ") must not exceed the device's memory (" + std::to_string(device_total) + " bytes)");
+  }
   address_bytes = vm::round_up(opt.address_bytes != 0 ? opt.address_bytes : 2 * device_total, gran);
   base = vm::reserve(dev, address_bytes, 0, gran);
   if (base == 0) {

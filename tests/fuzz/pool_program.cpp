@@ -1,12 +1,12 @@
 // run_pool_program (pool_program.hpp).
 #include "fuzz/pool_program.hpp"
 
-#include <array>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <vector>
 
+#include "fuzz/program_input.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
@@ -14,36 +14,9 @@
 #include "pool/pool_inspector.hpp"
 
 namespace gpumem::test {
-namespace {
-
-class reader {
- public:
-  reader(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
-  bool empty() const { return i_ >= n_; }
-  std::uint8_t byte() { return i_ < n_ ? d_[i_++] : 0; }
-  std::uint32_t u16() { return static_cast<std::uint32_t>(byte()) << 8 | byte(); }
-
- private:
-  const std::uint8_t* d_;
-  std::size_t n_;
-  std::size_t i_ = 0;
-};
-
-struct allocation {
-  void* ptr;
-  std::size_t bytes;
-  std::size_t alignment;
-};
-
-std::array<stream, 3>& streams() {
-  static std::array<stream, 3> s{stream(0), stream(0), stream(0)};  // made once: sim streams are threads
-  return s;
-}
-
-}  // namespace
 
 std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
-  reader in(data, size);
+  program_reader in(data, size);
   cuda_resource upstream(0);
   pool_options o;
   o.min_chunk_bytes = std::size_t{1} << (18 + in.byte() % 4);   // 256 KiB .. 2 MiB
@@ -52,7 +25,7 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
   if (const unsigned every = in.byte() % 9; every != 0) o.fence_interval = every;
   o.reuse_across_streams = (in.byte() & 1U) != 0;
   if ((in.byte() & 3U) == 0) o.maximum_bytes = o.max_chunk_bytes * (1 + in.byte() % 4);
-  std::map<std::uintptr_t, allocation> live;
+  std::map<std::uintptr_t, program_allocation> live;
   std::vector<std::uintptr_t> order;
   std::ostringstream why;
   {
@@ -67,7 +40,7 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
     };
     for (int step = 0; !in.empty() && step < 400; ++step) {
       const std::uint8_t op = in.byte() % 8;
-      stream& s = streams()[in.byte() % 3];
+      stream& s = program_streams()[in.byte() % 3];
       if (op <= 3) {  // allocate
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 6));
         const std::size_t alignment = std::size_t{256} << (in.byte() % 3 == 0 ? in.byte() % 8 : 0);
@@ -85,12 +58,12 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
         if (next != live.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) {
           return "overlaps the previous allocation";
         }
-        live.emplace(a, allocation{p, bytes, alignment});
+        live.emplace(a, program_allocation{p, bytes, alignment});
         order.push_back(a);
         if (!check("allocate")) return why.str();
       } else if (op <= 5 && !order.empty()) {  // free, on any stream
         const std::size_t k = in.u16() % order.size();
-        const allocation al = live.at(order[k]);
+        const program_allocation al = live.at(order[k]);
         pool.deallocate(al.ptr, al.bytes, s, al.alignment);
         live.erase(order[k]);
         order[k] = order.back();
@@ -114,7 +87,7 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
         }
       }
     }
-    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, streams()[0], al.alignment);
+    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, program_streams()[0], al.alignment);
     if (!check("freeing everything")) return why.str();
     pool.release();
     const pool_statistics st = pool.statistics();

@@ -1,11 +1,11 @@
 // run_vmm_pool_program (vmm_pool_program.hpp).
 #include "fuzz/vmm_pool_program.hpp"
 
-#include <array>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "fuzz/program_input.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
@@ -14,36 +14,12 @@
 namespace gpumem::test {
 namespace {
 
-class reader {
- public:
-  reader(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
-  bool empty() const { return i_ >= n_; }
-  std::uint8_t byte() { return i_ < n_ ? d_[i_++] : 0; }
-  std::uint32_t u16() { return static_cast<std::uint32_t>(byte()) << 8 | byte(); }
-
- private:
-  const std::uint8_t* d_;
-  std::size_t n_;
-  std::size_t i_ = 0;
-};
-
-struct allocation {
-  void* ptr;
-  std::size_t bytes;
-  std::size_t alignment;
-};
-
-std::array<stream, 3>& streams() {
-  static std::array<stream, 3> s{stream(0), stream(0), stream(0)};  // made once: sim streams are threads
-  return s;
-}
-
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 }  // namespace
 
 std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
-  reader in(data, size);
+  program_reader in(data, size);
   vmm_pool_options o;
   const std::size_t arena_max[] = {0, 64 << 10, 4 * MiB};
   o.arena_max_bytes = arena_max[in.byte() % 3];
@@ -55,14 +31,14 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
   // streams, its first events): made once here, before the count starts.
   {
     vmm_pool_resource warm(0);
-    for (stream& s : streams()) {
+    for (stream& s : program_streams()) {
       void* p = warm.allocate(1, s);
-      warm.deallocate(p, 1, streams()[0]);
+      warm.deallocate(p, 1, program_streams()[0]);
       warm.trim(s);
     }
   }
   const std::size_t device_free_before = device_memory_info(0).free_bytes;
-  std::map<std::uintptr_t, allocation> live;
+  std::map<std::uintptr_t, program_allocation> live;
   std::vector<std::uintptr_t> order;
   {
     vmm_pool_resource pool(0, o);
@@ -77,7 +53,7 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     };
     for (int step = 0; !in.empty() && step < 300; ++step) {
       const std::uint8_t op = in.byte() % 8;
-      stream& s = streams()[in.byte() % 3];
+      stream& s = program_streams()[in.byte() % 3];
       if (op <= 3) {  // allocate: from a few bytes to 1 GiB, mostly small
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 15));
         const std::size_t alignment = std::size_t{256} << (in.byte() % 4 == 0 ? in.byte() % 6 : 0);
@@ -95,11 +71,11 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
           return "overlaps the previous allocation";
         }
         if (pool.physical_pieces(p, bytes).empty()) return "a live allocation has no physical pieces";
-        live.emplace(a, allocation{p, bytes, alignment});
+        live.emplace(a, program_allocation{p, bytes, alignment});
         order.push_back(a);
       } else if (op <= 5 && !order.empty()) {  // free, on any stream; sometimes a wrong size first
         const std::size_t k = in.u16() % order.size();
-        const allocation al = live.at(order[k]);
+        const program_allocation al = live.at(order[k]);
         if (in.byte() % 8 == 0) {
           const std::size_t wrong = al.bytes > 4 * MiB ? al.bytes / 2 + 1 : al.bytes + 64 * MiB;
           try {
@@ -131,7 +107,7 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
       }
     }
     if (std::string v = check_statistics(); !v.empty()) return v;
-    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, streams()[0], al.alignment);
+    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, program_streams()[0], al.alignment);
     live.clear();
     pool.release();
     const vmm_pool_statistics st = pool.statistics();

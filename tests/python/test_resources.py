@@ -197,3 +197,5 @@ def test_vmm_pool_as_the_current_resource_and_memory_info():
 def test_bad_vmm_pool_options_are_logic_errors():
     with pytest.raises(gpumem.LogicError, match="fence_interval"):
         gpumem.VmmPoolResource(0, fence_interval=0)
+    with pytest.raises(gpumem.LogicError, match="arena_max_bytes"):
+        gpumem.VmmPoolResource(0, arena_max_bytes=1 << 62)
