@@ -10,6 +10,12 @@
 // about --rep-ms (judged by one untimed pass after the warm-up): a fast pool
 // does 20,000 ops in about a millisecond, where waking 16 threads and the
 // scheduler's jitter would be a large share of the figure.
+//
+// Each thread's list of live allocations is its own: made and reserved on the
+// thread, not kept side by side in one array. Vector headers in one array share
+// cache lines, and every allocate and free writes its thread's header: that
+// false sharing cost a fast pool two thirds of its 4-thread throughput (W3 on an
+// H100: 1.3x for 4 threads against 1 before, docs/benchmarks.md).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -60,9 +66,7 @@ class team {
         streams_(streams),
         ops_(ops),
         errors_(ops.size()),
-        live_(ops.size()),
         sync_(static_cast<std::ptrdiff_t>(ops.size() + 1), stamp{&now_}) {
-    for (auto& l : live_) l.reserve(random_max_live);
     threads_.reserve(ops.size());
     try {
       for (std::size_t i = 0; i < ops.size(); ++i) threads_.emplace_back([this, i] { work(i); });
@@ -98,7 +102,9 @@ class team {
 
  private:
   void work(std::size_t i) {
+    live_allocations live;  // this thread's own (see the note at the top)
     try {
+      live.reserve(random_max_live);
       // As a CUDA runtime thread does on its first call; the peers need a current context.
       set_current_device(device_);
     } catch (...) {
@@ -109,7 +115,7 @@ class team {
       if (stop_.load(std::memory_order_relaxed)) return;
       if (!errors_[i]) {
         try {
-          for (std::size_t p = 0; p < passes_; ++p) replay_random_ops(mr_, streams_[i], ops_[i], live_[i]);
+          for (std::size_t p = 0; p < passes_; ++p) replay_random_ops(mr_, streams_[i], ops_[i], live);
         } catch (...) {
           errors_[i] = std::current_exception();
         }
@@ -132,7 +138,6 @@ class team {
   std::vector<stream>& streams_;
   const std::vector<std::vector<random_op>>& ops_;
   std::vector<std::exception_ptr> errors_;  // one per thread, read after the finish barrier
-  std::vector<live_allocations> live_;
   clock_type::time_point now_{};
   std::atomic<bool> stop_{false};
   std::size_t passes_ = 1;
