@@ -35,6 +35,15 @@ std::unique_ptr<memory_resource> pool_without_capture_check(int device) {
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
 }
 
+// The same pool learning of captures from the capture watch (capture_watch.hpp):
+// the check is one load while no capture is in progress. Where the watch cannot
+// start (no libcupti, a profiler holding CUPTI), this row is the default pool.
+std::unique_ptr<memory_resource> pool_watching_captures(int device) {
+  pool_options o;
+  o.watch_captures = true;
+  return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
+}
+
 // The expandable pool with every request through its address-wide allocator
 // (vmm_pool_options::arena_max_bytes = 0): what the arenas change.
 std::unique_ptr<memory_resource> vmm_pool_without_arenas(int device) {
@@ -52,6 +61,7 @@ std::unique_ptr<memory_resource> pinned_host(int device) {
 constexpr subject subjects[] = {
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
     {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check},
+    {"gpumem pool_resource (capture watch)", subject_kind::gpumem, &pool_watching_captures},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
     {"gpumem vmm_pool_resource (arenas off)", subject_kind::gpumem, &vmm_pool_without_arenas},

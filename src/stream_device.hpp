@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "driver/capture_watch_state.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
@@ -33,16 +34,21 @@ inline void check_stream_device(stream_view stream, int device, const char* wher
 // stream is capturing, with a logic_error that says what to do instead. Both
 // calls must ask: a block handed out under capture and freed after it, or handed
 // out before and freed under it, is reused while the graph may still run, and
-// the driver tells no one when a capture begins. The legacy default stream cannot
+// the driver tells no one when a capture begins (only a CUPTI subscriber hears of
+// it: gpumem::capture_watch). The legacy default stream cannot
 // be captured, so its calls skip the query (~28 ns for another stream on an H200,
 // where any driver call costs ~14 ns). cuStreamGetCaptureInfo (status only) timed
 // ~21 ns in a loop of its own but doubled W1 inside the pool, so the pools keep
 // cuStreamIsCapturing (docs/pool.md, "CUDA graphs").
+// A pool that uses the capture watch (`watched`: pool_options::watch_captures, and
+// the watch running) skips the query while no capture is in progress anywhere in
+// the process: one load (driver/capture_watch_state.hpp).
 // The per-thread default stream is resolved in the calling thread's current
 // context, so `device`'s context is made current for it; a created stream needs none.
 // The stream must be alive (docs/resource-contract.md).
-inline bool stream_is_capturing(CUstream h, int device) {
+inline bool stream_is_capturing(CUstream h, int device, bool watched = false) {
   if (h == nullptr || h == CU_STREAM_LEGACY) return false;
+  if (watched && watch_says_no_capture()) [[likely]] return false;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   if (h == CU_STREAM_PER_THREAD) {
     device_context_guard guard(device);

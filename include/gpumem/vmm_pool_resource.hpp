@@ -60,6 +60,8 @@ struct vmm_pool_options {
   // pool_resource does (docs/pool.md, "CUDA graphs"): one driver query per call on
   // streams other than the legacy default.
   bool refuse_capture = true;
+  // As pool_options::watch_captures (the arenas too).
+  bool watch_captures = false;
 };
 
 struct vmm_pool_statistics {

@@ -163,7 +163,7 @@ void bind_resources(nb::module_& m) {
           [](pool_resource* self, resource_ptr upstream, std::optional<int> device,
              std::size_t initial_bytes, std::size_t maximum_bytes, std::size_t min_chunk_bytes,
              std::size_t max_chunk_bytes, bool reuse_across_streams, unsigned fence_interval,
-             std::size_t fence_bytes) {
+             std::size_t fence_bytes, bool watch_captures) {
             if (!upstream) {
               upstream = std::make_shared<cuda_resource>(device.value_or(-1));
             } else if (device && *device != upstream->properties().device) {
@@ -179,6 +179,7 @@ void bind_resources(nb::module_& m) {
             o.reuse_across_streams = reuse_across_streams;
             o.fence_interval = fence_interval;
             o.fence_bytes = fence_bytes;
+            o.watch_captures = watch_captures;
             new (self) pool_resource(std::move(upstream), o);
           },
           nb::arg("upstream").none() = nb::none(), nb::kw_only(), nb::arg("device") = nb::none(),
@@ -189,6 +190,7 @@ void bind_resources(nb::module_& m) {
           nb::arg("reuse_across_streams") = defaults.reuse_across_streams,
           nb::arg("fence_interval") = defaults.fence_interval,
           nb::arg("fence_bytes") = defaults.fence_bytes,
+          nb::arg("watch_captures") = defaults.watch_captures,
           "A pool over `upstream` (None: a new CudaResource of `device`, None meaning the current device).")
       .def("release", &release_memory<pool_resource>,
            "Gives every fully free chunk back to the upstream (synchronizes the device once). Returns bytes.")
@@ -218,7 +220,7 @@ void bind_resources(nb::module_& m) {
              std::size_t max_handle_bytes, std::size_t address_bytes,
              std::optional<std::size_t> release_threshold_bytes, std::size_t arena_max_bytes,
              std::size_t arena_chunk_bytes, std::vector<int> peer_devices, bool posix_fd_shareable,
-             unsigned fence_interval) {
+             unsigned fence_interval, bool watch_captures) {
             vmm_pool_options o;
             o.chunk_bytes = chunk_bytes;
             o.max_handle_bytes = max_handle_bytes;
@@ -229,6 +231,7 @@ void bind_resources(nb::module_& m) {
             o.peer_devices = std::move(peer_devices);
             o.posix_fd_shareable = posix_fd_shareable;
             o.fence_interval = fence_interval;
+            o.watch_captures = watch_captures;
             const int d = device ? *device : current_device();
             nb::gil_scoped_release release;
             new (self) vmm_pool_resource(d, std::move(o));
@@ -242,6 +245,7 @@ void bind_resources(nb::module_& m) {
           nb::arg("peer_devices") = std::vector<int>{},
           nb::arg("posix_fd_shareable") = vmm_defaults.posix_fd_shareable,
           nb::arg("fence_interval") = vmm_defaults.fence_interval,
+          nb::arg("watch_captures") = vmm_defaults.watch_captures,
           "A pool of `device` (None: the current device); the keywords are vmm_pool_options "
           "(release_threshold_bytes None: keep all free memory).")
       .def("release", &release_memory<vmm_pool_resource>,

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpumem/capture_watch.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "pool/arena.hpp"
 
@@ -62,6 +63,8 @@ struct pool_resource::impl {
   pool_options opt;
   int device;
   std::uint64_t id;
+  std::unique_ptr<capture_watch> watch;  // held with opt.watch_captures
+  bool watched = false;                  // the watch started: stream_is_capturing may skip the query
 
   mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
   std::unordered_map<std::uintptr_t, std::unique_ptr<detail::arena>> arenas;

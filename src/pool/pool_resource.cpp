@@ -52,6 +52,10 @@ pool_resource::impl::impl(memory_resource& up, std::shared_ptr<memory_resource> 
     throw logic_error("gpumem::pool_resource: initial_bytes exceeds maximum_bytes");
   }
   opt.min_chunk_bytes = (opt.min_chunk_bytes + granule - 1) & ~(granule - 1);
+  if (opt.refuse_capture && opt.watch_captures) {
+    watch = std::make_unique<capture_watch>();
+    watched = !watch->source().empty();
+  }
   periodic_fences = opt.fence_interval != std::numeric_limits<unsigned>::max() ||
                     opt.fence_bytes != std::numeric_limits<std::size_t>::max();
   if (opt.initial_bytes > 0) {
@@ -122,6 +126,7 @@ detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s)
       throw logic_error("gpumem::pool_resource: the stream belongs to device " + std::to_string(dev) +
                         ", the pool to device " + std::to_string(device));
     }
+    if (watched) detail::capture_watch_vet(normalized, device);
   }
   std::unique_lock lock(arenas_mutex);
   auto& slot = arenas[key];
@@ -273,10 +278,10 @@ pool_resource::~pool_resource() = default;
 
 void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& p = *impl_;
-  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device)) [[unlikely]] {
+  detail::arena& a = p.arena_for(stream);  // first: a stream new to the pool is vetted by the capture watch
+  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device, p.watched)) [[unlikely]] {
     detail::throw_capturing("pool_resource", "allocate", stream.handle());
   }
-  detail::arena& a = p.arena_for(stream);
   const std::size_t size = (bytes + impl::granule - 1) & ~(impl::granule - 1);
   const std::size_t need = alignment > impl::granule ? size + alignment - impl::granule : size;
   {
@@ -297,10 +302,10 @@ void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
 void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                                   std::size_t /*alignment*/) {
   impl& p = *impl_;
-  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device)) [[unlikely]] {
+  detail::arena& a = p.arena_for(stream);  // first, as in do_allocate
+  if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device, p.watched)) [[unlikely]] {
     detail::throw_capturing("pool_resource", "deallocate", stream.handle());
   }
-  detail::arena& a = p.arena_for(stream);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   {
     std::lock_guard lock(a.lock);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include "driver/capture_watch_state.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_pool.hpp"
 #include "sim/sim_state.hpp"
@@ -319,6 +320,7 @@ CUresult launch_host_func(CUstream handle, CUhostFn fn, void* user_data) {
 
 // Stream capture: a state, no graph. The legacy default stream cannot be
 // captured (as with the driver); a captured stream refuses work (enqueue).
+// Begins and ends are reported to the capture watch, as CUPTI reports the driver's.
 namespace {
 struct sim_graph {
   std::uint64_t stream_id = 0;
@@ -335,6 +337,7 @@ CUresult stream_begin_capture(CUstream handle, CUstreamCaptureMode mode) {
     }
     if (stream->kind() == stream_kind::legacy_default) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
+    capture_watch_begin_entered();  // as CUPTI reports a begin: before the stream captures
     stream->set_capturing(true);
     return CUDA_SUCCESS;
   });
@@ -347,6 +350,7 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
     stream->set_capturing(false);
+    capture_watch_capture_ended();
     *graph = reinterpret_cast<CUgraph>(new sim_graph{stream->id()});
     return CUDA_SUCCESS;
   });

@@ -60,6 +60,7 @@ void vmm_pool_resource::impl::make_arenas() {
   po.min_chunk_bytes = gran;
   po.max_chunk_bytes = opt.arena_chunk_bytes;
   po.refuse_capture = opt.refuse_capture;
+  po.watch_captures = opt.watch_captures;
   arena_upstream = std::make_unique<lender>(*this);
   arenas = std::make_unique<pool_resource>(*arena_upstream, po);
   arena_max = opt.arena_max_bytes;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "driver/driver.hpp"
+#include "gpumem/capture_watch.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
@@ -155,6 +156,8 @@ struct vmm_pool_resource::impl {
   std::size_t address_bytes = 0;
   std::size_t device_total = 0;
   const std::uint64_t id;
+  std::unique_ptr<capture_watch> watch;  // held with opt.watch_captures
+  bool watched = false;                  // the watch started: stream_is_capturing may skip the query
   bool fast_free = true;  // frees may go to the fronts (no release threshold to check)
 
   mutable std::mutex mutex;  // lock order: mutex, fronts_mutex, one front's lock

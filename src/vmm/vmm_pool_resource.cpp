@@ -114,6 +114,10 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o) : device(dev), opt(st
   }
   blocks.emplace(base, blk{.size = address_bytes});
   free_unmapped.emplace(address_bytes, base);
+  if (opt.refuse_capture && opt.watch_captures) {
+    watch = std::make_unique<capture_watch>();
+    watched = !watch->source().empty();
+  }
   make_arenas();
 }
 
@@ -164,6 +168,7 @@ vmm_pool_resource::impl::front& vmm_pool_resource::impl::find_front(CUstream key
       throw logic_error("vmm_pool_resource on device " + std::to_string(device) + ": a stream of device " +
                         std::to_string(s.device()) + " was given");
     }
+    if (watched) detail::capture_watch_vet(s.handle(), device);
     std::unique_lock lock(fronts_mutex);
     auto& slot = fronts[key];
     if (!slot) slot = std::make_unique<front>(key, key != CU_STREAM_PER_THREAD);
@@ -504,7 +509,8 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
       m.throw_arena_oom(bytes, e);
     }
   }
-  if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device)) [[unlikely]] {
+  if (m.watched) (void)m.front_for(stream);  // a stream new to the pool is vetted by the capture watch
+  if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device, m.watched)) [[unlikely]] {
     detail::throw_capturing("vmm_pool_resource", "allocate", stream.handle());
   }
   try {
@@ -644,7 +650,8 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
       if (!m.holds_unlent(ptr)) throw;
     }
   }
-  if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device)) [[unlikely]] {
+  if (m.watched) (void)m.front_for(stream);  // as in do_allocate
+  if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device, m.watched)) [[unlikely]] {
     detail::throw_capturing("vmm_pool_resource", "deallocate", stream.handle());
   }
   m.deallocate_core(ptr, bytes, stream);

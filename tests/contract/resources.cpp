@@ -32,6 +32,11 @@ const std::vector<resource_factory>& all_resources() {
          o.fence_interval = 1;
          return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device), o);
        }},
+      {"pool_resource_watching_captures", [](int device) {
+         pool_options o;
+         o.watch_captures = true;  // the capture watch instead of a query per call
+         return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device), o);
+       }},
       // Adaptors (docs/observability.md), over a pool and over cuda_resource.
       {"statistics_over_pool", [](int device) {
          return std::make_shared<statistics_adaptor>(std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device)));
@@ -105,6 +110,11 @@ const std::vector<resource_factory>& all_resources() {
       {"vmm_pool_resource_without_arenas", [](int device) {
          vmm_pool_options o;
          o.arena_max_bytes = 0;
+         return std::make_shared<vmm_pool_resource>(device, o);
+       }},
+      {"vmm_pool_resource_watching_captures", [](int device) {
+         vmm_pool_options o;
+         o.watch_captures = true;
          return std::make_shared<vmm_pool_resource>(device, o);
        }},
       {"vmm_pool_resource_fence_every_free", [](int device) {

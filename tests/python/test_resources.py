@@ -69,6 +69,20 @@ def test_pool_options_statistics_trim_and_release():
     assert pool.trim(gpumem.Stream()) == 0
 
 
+def test_pools_that_watch_captures_serve_as_usual():
+    # The capture watch (docs/pool.md, "CUDA graphs") changes how a pool learns of
+    # captures, not what it hands out.
+    for pool in (gpumem.PoolResource(device=0, watch_captures=True),
+                 gpumem.VmmPoolResource(0, watch_captures=True)):
+        s = gpumem.Stream()
+        bufs = [gpumem.DeviceBuffer(n, resource=pool, stream=s) for n in (1, 4096, 3 << 20)]
+        assert len({b.ptr for b in bufs}) == 3
+        assert pool.statistics()["allocations"] == 3
+        del bufs
+        s.synchronize()
+        assert pool.statistics()["allocations"] == 0
+
+
 def test_pool_maximum_is_out_of_memory():
     pool = gpumem.PoolResource(device=0, maximum_bytes=4 << 20)
     keep = gpumem.DeviceBuffer(3 << 20, resource=pool)

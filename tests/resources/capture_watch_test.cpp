@@ -1,0 +1,218 @@
+// The capture watch (include/gpumem/capture_watch.hpp): it counts captures as
+// they begin and end (CUPTI on a GPU, the simulated driver on the simulator), and
+// the pools that use it refuse a stream under capture without asking the driver
+// on every call. Note [The capture watch word] in src/driver/capture_watch_state.hpp.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "driver/capture_watch_state.hpp"
+#include "driver/driver.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/capture_watch.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "gpumem/stream.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+
+namespace gpumem::test {
+namespace {
+
+std::uint64_t word() { return detail::capture_watch_word_now(); }
+bool no_capture() { return word() == 0; }
+std::uint64_t counted() { return word() & ~detail::capture_watch_off; }
+
+void begin_capture(stream_view s) {
+  // Relaxed: the test thread may still make other driver calls meanwhile.
+  GPUMEM_CU(cuStreamBeginCapture, s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED);
+}
+void end_capture(stream_view s) {
+  CUgraph g = nullptr;
+  GPUMEM_CU(cuStreamEndCapture, s.handle(), &g);
+  GPUMEM_CU(cuGraphDestroy, g);
+}
+
+class CaptureWatch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!watch.active()) {
+      // A GPU host without libcupti, or under a profiler: the pools ask the driver.
+      GTEST_SKIP() << "the capture watch did not start here: " << watch.reason();
+    }
+  }
+  capture_watch watch;
+  cuda_resource upstream{0};
+  stream s{0};
+};
+
+TEST_F(CaptureWatch, CountsCapturesAsTheyBeginAndEnd) {
+  EXPECT_EQ(watch.source(), current_backend() == backend_kind::sim ? "simulator" : "CUPTI");
+  EXPECT_TRUE(no_capture());
+  stream other(0);
+  begin_capture(s);
+  EXPECT_EQ(word(), 1U);
+  begin_capture(other);
+  EXPECT_EQ(word(), 2U);
+  end_capture(s);
+  EXPECT_EQ(word(), 1U);
+  end_capture(other);
+  EXPECT_EQ(word(), 0U);
+  EXPECT_TRUE(watch.active());
+}
+
+TEST_F(CaptureWatch, FailedBeginsAndEndsCountNothing) {
+  // The legacy default stream cannot be captured; a stream cannot be captured twice.
+  EXPECT_NE(detail::driver().cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  EXPECT_EQ(word(), 0U);
+  begin_capture(s);
+  EXPECT_NE(detail::driver().cuStreamBeginCapture(s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  EXPECT_EQ(word(), 1U);
+  end_capture(s);
+  EXPECT_EQ(word(), 0U);
+  // An end on a stream that is not capturing fails and leaves the count alone.
+  CUgraph g = nullptr;
+  EXPECT_NE(detail::driver().cuStreamEndCapture(s.handle(), &g), CUDA_SUCCESS);
+  EXPECT_EQ(word(), 0U);
+  EXPECT_TRUE(watch.active());
+}
+
+TEST_F(CaptureWatch, AWatchedPoolRefusesAStreamUnderCaptureAndServesOthers) {
+  pool_options o;
+  o.watch_captures = true;
+  pool_resource pool(upstream, o);
+  stream other(0);
+  void* before = pool.allocate(1000, s);
+  begin_capture(s);
+  try {
+    (void)pool.allocate(1000, s);
+    ADD_FAILURE() << "allocate on a capturing stream did not throw";
+  } catch (const logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(pool.deallocate(before, 1000, s), logic_error);
+  // Another stream is asked (a capture is in progress) and served.
+  void* elsewhere = pool.allocate(4096, other);
+  pool.deallocate(elsewhere, 4096, other);
+  end_capture(s);
+  EXPECT_EQ(pool.statistics().allocations, 1U) << "the refused free left the block allocated";
+  pool.deallocate(before, 1000, s);
+  void* after = pool.allocate(1000, s);
+  pool.deallocate(after, 1000, s);
+  s.synchronize();
+  other.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST_F(CaptureWatch, AWatchedVmmPoolRefusesAStreamUnderCapture) {
+  vmm_pool_options o;
+  o.watch_captures = true;
+  vmm_pool_resource pool(0, o);
+  void* small = pool.allocate(1000, s);             // its arenas
+  void* large = pool.allocate(std::size_t{8} << 20, s);  // its own allocator
+  begin_capture(s);
+  EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+  EXPECT_THROW((void)pool.allocate(std::size_t{8} << 20, s), logic_error);
+  EXPECT_THROW(pool.deallocate(small, 1000, s), logic_error);
+  EXPECT_THROW(pool.deallocate(large, std::size_t{8} << 20, s), logic_error);
+  end_capture(s);
+  EXPECT_EQ(pool.statistics().allocations, 2U);
+  pool.deallocate(small, 1000, s);
+  pool.deallocate(large, std::size_t{8} << 20, s);
+  s.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST_F(CaptureWatch, AStreamThatJoinsACaptureIsRefused) {
+  if (current_backend() == backend_kind::sim) GTEST_SKIP() << "the simulator has no cross-stream capture";
+  pool_options o;
+  o.watch_captures = true;
+  pool_resource pool(upstream, o);
+  stream joined(0);
+  pool.deallocate(pool.allocate(1000, joined), 1000, joined);  // its arena exists before the capture
+  CUevent fork = nullptr;
+  CUevent join = nullptr;
+  GPUMEM_CU(cuEventCreate, &fork, CU_EVENT_DISABLE_TIMING);
+  GPUMEM_CU(cuEventCreate, &join, CU_EVENT_DISABLE_TIMING);
+  begin_capture(s);
+  GPUMEM_CU(cuEventRecord, fork, s.handle());
+  GPUMEM_CU(cuStreamWaitEvent, joined.handle(), fork, 0);  // `joined` is now part of the capture
+  EXPECT_THROW((void)pool.allocate(1000, joined), logic_error);
+  // An end on the joined stream is not the capture's end: it fails and counts nothing.
+  CUgraph g = nullptr;
+  EXPECT_NE(detail::driver().cuStreamEndCapture(joined.handle(), &g), CUDA_SUCCESS);
+  EXPECT_EQ(counted(), 1U);
+  GPUMEM_CU(cuEventRecord, join, joined.handle());
+  GPUMEM_CU(cuStreamWaitEvent, s.handle(), join, 0);
+  end_capture(s);
+  EXPECT_EQ(word(), 0U);
+  void* after = pool.allocate(1000, joined);
+  pool.deallocate(after, 1000, joined);
+  joined.synchronize();
+  GPUMEM_CU(cuEventDestroy, fork);
+  GPUMEM_CU(cuEventDestroy, join);
+}
+
+TEST(CaptureWatchStart, ACaptureBegunBeforeTheWatchIsFoundAndThePoolsAskTheDriver) {
+  cuda_resource upstream(0);
+  stream s(0);
+  begin_capture(s);
+  {
+    capture_watch watch;
+    if (watch.source().empty()) {
+      end_capture(s);
+      GTEST_SKIP() << "the capture watch did not start here: " << watch.reason();
+    }
+    EXPECT_TRUE(no_capture()) << "a capture begun before the watch is not counted";
+    pool_options o;
+    o.watch_captures = true;
+    pool_resource pool(upstream, o);
+    // The pool's first use of `s` finds it capturing: the watch is distrusted and
+    // the pool asks the driver, so the capture is refused all the same.
+    testing::internal::CaptureStderr();
+    EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+    const std::string said = testing::internal::GetCapturedStderr();
+    EXPECT_NE(said.find("began before the capture watch started"), std::string::npos) << said;
+    EXPECT_FALSE(watch.active());
+    end_capture(s);  // an end the watch never saw begin keeps it distrusted
+    EXPECT_FALSE(no_capture());
+    begin_capture(s);
+    EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+    end_capture(s);
+    pool.deallocate(pool.allocate(1000, s), 1000, s);
+    s.synchronize();
+  }
+  // A new watch starts afresh.
+  capture_watch again;
+  EXPECT_TRUE(again.active());
+  EXPECT_TRUE(no_capture());
+}
+
+TEST(CaptureWatchStart, TheLastHolderStopsTheWatch) {
+  EXPECT_FALSE(no_capture()) << "no watch is held between tests";
+  {
+    capture_watch first;
+    if (first.source().empty()) GTEST_SKIP() << "the capture watch did not start here: " << first.reason();
+    {
+      capture_watch second;
+      EXPECT_TRUE(second.active());
+      EXPECT_EQ(second.source(), first.source());
+    }
+    EXPECT_TRUE(first.active()) << "the first holder still holds it";
+  }
+  EXPECT_FALSE(no_capture());
+  // A pool that asked for the watch and did not get it asks the driver.
+  stream s(0);
+  cuda_resource upstream(0);
+  pool_options o;
+  o.watch_captures = true;
+  {
+    pool_resource pool(upstream, o);
+    begin_capture(s);
+    EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+    end_capture(s);
+  }
+}
+
+}  // namespace
+}  // namespace gpumem::test
