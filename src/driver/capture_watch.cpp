@@ -35,9 +35,8 @@ void capture_watch_begin_failed() noexcept { uncount(); }
 void capture_watch_capture_ended() noexcept { uncount(); }
 void capture_watch_distrust() noexcept { capture_watch_word.fetch_or(capture_watch_off, std::memory_order_acq_rel); }
 
-void capture_watch_vet(CUstream stream, int device) {
-  if (!watch_says_no_capture()) return;
-  if (stream == nullptr || stream == CU_STREAM_LEGACY) return;  // cannot be captured
+bool new_stream_is_capturing(CUstream stream, int device) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return false;  // cannot be captured
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   if (stream == CU_STREAM_PER_THREAD) {
     device_context_guard guard(device);
@@ -45,13 +44,15 @@ void capture_watch_vet(CUstream stream, int device) {
   } else {
     GPUMEM_CU(cuStreamIsCapturing, stream, &status);
   }
-  if (status == CU_STREAM_CAPTURE_STATUS_NONE) return;
+  if (status == CU_STREAM_CAPTURE_STATUS_NONE) return false;
+  if (!watch_says_no_capture()) return true;
   capture_watch_distrust();
   std::fprintf(stderr,
                "gpumem: stream %p was already being captured when a pool first used it: the capture "
                "began before the capture watch started. The pools ask the driver on every call from "
                "now on; start gpumem::capture_watch before any capture\n",
                static_cast<void*>(stream));
+  return true;
 }
 
 namespace {

@@ -26,9 +26,10 @@ struct pool_resource::impl {
   ~impl();
 
   // ---- arenas ----
-  detail::arena& arena_for(stream_view s);
-  [[gnu::noinline]] detail::arena& find_arena(std::uintptr_t key, stream_view s);
-  detail::arena& create_arena(std::uintptr_t key, CUstream s);
+  // `call` names the caller in the error for a new stream under capture.
+  detail::arena& arena_for(stream_view s, const char* call = "allocate");
+  [[gnu::noinline]] detail::arena& find_arena(std::uintptr_t key, stream_view s, const char* call);
+  detail::arena& create_arena(std::uintptr_t key, CUstream s, const char* call = "allocate");
 
   // ---- block operations; the arena's lock is held ----
   void* carve(detail::arena& a, detail::block* b, std::size_t size, std::size_t requested,

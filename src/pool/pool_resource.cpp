@@ -92,17 +92,17 @@ pool_resource::impl::~impl() {
   }
 }
 
-detail::arena& pool_resource::impl::arena_for(stream_view s) {
+detail::arena& pool_resource::impl::arena_for(stream_view s, const char* call) {
   const std::uintptr_t key = key_of(s.handle());
   const arena_cache& cache = last_arena;
   if (cache.pool_id == id && cache.key == key) [[likely]] {
     return *cache.arena;
   }
-  return find_arena(key, s);
+  return find_arena(key, s, call);
 }
 
 // Out of line so that the hit path above needs no stack frame.
-detail::arena& pool_resource::impl::find_arena(std::uintptr_t key, stream_view s) {
+detail::arena& pool_resource::impl::find_arena(std::uintptr_t key, stream_view s, const char* call) {
   arena_cache& cache = last_arena;
   detail::arena* found = nullptr;
   {
@@ -110,13 +110,19 @@ detail::arena& pool_resource::impl::find_arena(std::uintptr_t key, stream_view s
     auto it = arenas.find(key);
     if (it != arenas.end()) found = it->second.get();
   }
-  if (found == nullptr) found = &create_arena(key, s.handle());
+  if (found == nullptr) found = &create_arena(key, s.handle(), call);
   cache = {id, key, found};
   return *found;
 }
 
-detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s) {
+detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s, const char* call) {
   CUstream normalized = s == nullptr ? CU_STREAM_LEGACY : s;
+  // Before any other driver call on the stream: on a capturing stream they fail and
+  // invalidate the program's capture. Also how the capture watch learns of a
+  // capture that began before it (driver/capture_watch_state.hpp).
+  if (opt.refuse_capture && detail::new_stream_is_capturing(normalized, device)) {
+    detail::throw_capturing("pool_resource", call, normalized);
+  }
   {
     // A stream of another device would order nothing useful: refuse it once, here.
     detail::device_context_guard guard(device);
@@ -126,7 +132,6 @@ detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s)
       throw logic_error("gpumem::pool_resource: the stream belongs to device " + std::to_string(dev) +
                         ", the pool to device " + std::to_string(device));
     }
-    if (watched) detail::capture_watch_vet(normalized, device);
   }
   std::unique_lock lock(arenas_mutex);
   auto& slot = arenas[key];
@@ -278,7 +283,7 @@ pool_resource::~pool_resource() = default;
 
 void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   impl& p = *impl_;
-  detail::arena& a = p.arena_for(stream);  // first: a stream new to the pool is vetted by the capture watch
+  detail::arena& a = p.arena_for(stream);  // first: a stream new to the pool is checked there
   if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device, p.watched)) [[unlikely]] {
     detail::throw_capturing("pool_resource", "allocate", stream.handle());
   }
@@ -302,7 +307,7 @@ void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
 void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                                   std::size_t /*alignment*/) {
   impl& p = *impl_;
-  detail::arena& a = p.arena_for(stream);  // first, as in do_allocate
+  detail::arena& a = p.arena_for(stream, "deallocate");  // first, as in do_allocate
   if (p.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), p.device, p.watched)) [[unlikely]] {
     detail::throw_capturing("pool_resource", "deallocate", stream.handle());
   }
@@ -349,7 +354,7 @@ std::size_t pool_resource::trim() {
 }
 
 std::size_t pool_resource::trim(stream_view stream) {
-  detail::arena& a = impl_->arena_for(stream);
+  detail::arena& a = impl_->arena_for(stream, "trim");
   {
     std::lock_guard lock(a.lock);
     impl_->record_fence(a);

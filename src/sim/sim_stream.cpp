@@ -279,11 +279,21 @@ CUresult stream_destroy(CUstream handle) {
   });
 }
 
+namespace {
+// A call the driver does not permit on a capturing stream: it fails and the
+// capture is invalidated (its end then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+CUresult refuse_under_capture(sim_stream& stream) {
+  stream.invalidate_capture();
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+}  // namespace
+
 CUresult stream_get_device(CUstream handle, CUdevice* device) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
     if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (stream->capturing()) return refuse_under_capture(*stream);
     *device = stream->device();
     return CUDA_SUCCESS;
   });
@@ -293,6 +303,7 @@ CUresult stream_synchronize(CUstream handle) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (stream->capturing()) return refuse_under_capture(*stream);
     const stream_position tail = stream->tail();
     tail.wait();
     // The host has now seen this work complete: a synchronization point for the pools.
@@ -305,6 +316,7 @@ CUresult stream_query(CUstream handle) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (stream->capturing()) return refuse_under_capture(*stream);
     return stream->idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
@@ -349,8 +361,13 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
+    const bool invalidated = stream->capture_invalidated();
     stream->set_capturing(false);
     capture_watch_capture_ended();
+    if (invalidated) {
+      *graph = nullptr;
+      return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
     *graph = reinterpret_cast<CUgraph>(new sim_graph{stream->id()});
     return CUDA_SUCCESS;
   });
@@ -361,7 +378,9 @@ CUresult stream_is_capturing(CUstream handle, CUstreamCaptureStatus* status) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
     if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *status = stream->capturing() ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = !stream->capturing()            ? CU_STREAM_CAPTURE_STATUS_NONE
+              : stream->capture_invalidated() ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                              : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
   });
 }

@@ -101,8 +101,15 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
 
   // Stream capture (cuStreamBeginCapture/EndCapture): the simulator builds no
   // graphs, so work queued while capturing is refused (see enqueue).
+  // As with the driver, a call that is not permitted on a capturing stream (a
+  // query, a synchronization) fails and invalidates the capture: its end fails too.
   bool capturing() const { return capturing_.load(std::memory_order_acquire); }
-  void set_capturing(bool on) { capturing_.store(on, std::memory_order_release); }
+  void set_capturing(bool on) {
+    capture_invalidated_.store(false, std::memory_order_release);
+    capturing_.store(on, std::memory_order_release);
+  }
+  bool capture_invalidated() const { return capture_invalidated_.load(std::memory_order_acquire); }
+  void invalidate_capture() { capture_invalidated_.store(true, std::memory_order_release); }
 
  private:
   struct queued_work {
@@ -124,6 +131,7 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   std::uint64_t completed_ = 0;
   bool closed_ = false;
   std::atomic<bool> capturing_{false};
+  std::atomic<bool> capture_invalidated_{false};
   std::shared_ptr<const stream_clock> clock_;  // copied on write: positions share snapshots
 };
 

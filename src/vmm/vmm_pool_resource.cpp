@@ -163,12 +163,16 @@ vmm_pool_resource::impl::front& vmm_pool_resource::impl::find_front(CUstream key
     if (auto it = fronts.find(key); it != fronts.end()) found = it->second.get();
   }
   if (found == nullptr) {
-    // First sight of this stream: check its device once (a driver call).
+    // First sight of this stream. Its capture state first: other driver calls on a
+    // capturing stream fail and invalidate the program's capture (and so the
+    // capture watch learns of a capture that began before it). Then its device.
+    if (opt.refuse_capture && detail::new_stream_is_capturing(s.handle(), device)) {
+      detail::throw_capturing("vmm_pool_resource", "allocate or deallocate", s.handle());
+    }
     if (!is_default_stream(s.handle()) && s.device() != device) {
       throw logic_error("vmm_pool_resource on device " + std::to_string(device) + ": a stream of device " +
                         std::to_string(s.device()) + " was given");
     }
-    if (watched) detail::capture_watch_vet(s.handle(), device);
     std::unique_lock lock(fronts_mutex);
     auto& slot = fronts[key];
     if (!slot) slot = std::make_unique<front>(key, key != CU_STREAM_PER_THREAD);
@@ -509,7 +513,6 @@ void* vmm_pool_resource::do_allocate(std::size_t bytes, stream_view stream, std:
       m.throw_arena_oom(bytes, e);
     }
   }
-  if (m.watched) (void)m.front_for(stream);  // a stream new to the pool is vetted by the capture watch
   if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device, m.watched)) [[unlikely]] {
     detail::throw_capturing("vmm_pool_resource", "allocate", stream.handle());
   }
@@ -650,7 +653,6 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
       if (!m.holds_unlent(ptr)) throw;
     }
   }
-  if (m.watched) (void)m.front_for(stream);  // as in do_allocate
   if (m.opt.refuse_capture && detail::stream_is_capturing(stream.handle(), m.device, m.watched)) [[unlikely]] {
     detail::throw_capturing("vmm_pool_resource", "deallocate", stream.handle());
   }

@@ -705,6 +705,19 @@ TEST_F(Pool, AStreamUnderCaptureIsRefusedWithAClearErrorAndThePoolStaysIntact) {
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
+TEST_F(Pool, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {
+  // The pool's first driver call on a new stream is the capture query: others (the
+  // device check) fail on a capturing stream and invalidate the program's capture.
+  pool_resource pool(upstream);
+  capture_on capture(s);
+  EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+  EXPECT_THROW(pool.trim(s), logic_error);
+  capture.end();  // throws if the capture was invalidated
+  pool.deallocate(pool.allocate(1000, s), 1000, s);
+  s.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
 TEST_F(Pool, TheDefaultStreamsAreNeverQueriedForCapture) {
   pool_resource pool(upstream);
   // The legacy default stream cannot be captured: served without a query.

@@ -523,6 +523,19 @@ TEST_P(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
   s.synchronize();
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
+TEST_P(VmmPoolCapture, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {
+  vmm_pool_resource pool(0, GetParam() ? vmm_pool_options{} : without_arenas());
+  stream s(0);
+  GPUMEM_CU(cuStreamBeginCapture, s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+  EXPECT_THROW((void)pool.allocate(std::size_t{8} << 20, s), logic_error);
+  CUgraph g = nullptr;
+  GPUMEM_CU(cuStreamEndCapture, s.handle(), &g);  // fails if the capture was invalidated
+  GPUMEM_CU(cuGraphDestroy, g);
+  pool.deallocate(pool.allocate(1000, s), 1000, s);
+  s.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
 INSTANTIATE_TEST_SUITE_P(ArenasOrNot, VmmPoolCapture, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "arenas" : "without_arenas"; });
 

@@ -264,6 +264,36 @@ using sim_stream_DeathTest = sim_test;
   std::exit(ok ? 0 : 1);
 }
 
+// As with the driver: a query or synchronization of a capturing stream fails and
+// invalidates the capture, whose end then fails; the stream leaves capture all the same.
+TEST_F(sim_stream_test, a_query_under_capture_fails_and_invalidates_the_capture) {
+  CUstream s = make_stream();
+  CUstreamCaptureStatus status{};
+  for (int call = 0; call < 3; ++call) {
+    ASSERT_EQ(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUdevice dev{};
+    const CUresult r = call == 0 ? cu().cuStreamGetDevice(s, &dev)
+                     : call == 1 ? cu().cuStreamQuery(s)
+                                 : cu().cuStreamSynchronize(s);
+    EXPECT_EQ(r, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) << "call " << call;
+    ASSERT_EQ(cu().cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+    EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    CUgraph g = reinterpret_cast<CUgraph>(1);
+    EXPECT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    EXPECT_EQ(g, nullptr);
+    ASSERT_EQ(cu().cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+    EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  }
+  // A capture nothing invalidated ends with a graph.
+  ASSERT_EQ(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUgraph g = nullptr;
+  ASSERT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  EXPECT_NE(g, nullptr);
+  EXPECT_EQ(cu().cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
 // The simulator is never torn down, so exiting with streams alive neither crashes nor hangs.
 TEST_F(sim_stream_DeathTest, process_exits_cleanly_with_streams_alive) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
