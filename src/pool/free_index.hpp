@@ -56,6 +56,21 @@ class basic_free_index {
     bytes_ -= b->size;
   }
 
+  // Sets an indexed block's size. It moves between lists only when its class
+  // changes: a block that grows by a neighbour or shrinks by a request mostly stays.
+  void resize(Node* b, std::size_t new_size) noexcept {
+    const slot from = class_of(b->size);
+    const slot to = class_of(new_size);
+    if (from.fl == to.fl && from.sl == to.sl) {
+      bytes_ = bytes_ - b->size + new_size;
+      b->size = new_size;
+      return;
+    }
+    remove(b);
+    b->size = new_size;
+    insert(b);
+  }
+
   // A free block of at least `size` bytes (a granule multiple), or null. Not removed.
   // Good fit in O(1); when only the request's own class could hold a fit (a block
   // of exactly the size asked, say), that one class is scanned.

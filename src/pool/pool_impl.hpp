@@ -33,7 +33,7 @@ struct pool_resource::impl {
 
   // ---- block operations; the arena's lock is held ----
   void* carve(detail::arena& a, detail::block* b, std::size_t size, std::size_t requested,
-              std::size_t alignment, bool in_index);
+              std::size_t alignment);  // b: a free block in a's index
   void free_into(detail::arena& a, detail::block* b, std::uint64_t epoch);
   void note_free(detail::arena& a, std::size_t bytes);
   void record_fence(detail::arena& a);

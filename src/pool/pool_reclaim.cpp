@@ -23,7 +23,7 @@ void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t
   auto try_own = [&]() -> void* {
     std::lock_guard lock(a.lock);
     block* b = a.free.find(need);
-    return b != nullptr ? carve(a, b, size, requested, alignment, true) : nullptr;
+    return b != nullptr ? carve(a, b, size, requested, alignment) : nullptr;
   };
   // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
   {
@@ -208,7 +208,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       a.reserved_bytes += moved->size;
       free_into(a, moved->first, ++a.frees);
       block* fit = a.free.find(need);
-      return carve(a, fit, size, requested, alignment, true);
+      return carve(a, fit, size, requested, alignment);
     }
   }
   if (!wait) return nullptr;
@@ -221,7 +221,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       if (!acquire(lock)) continue;
       block* b = s->free.find_if(need, [s](const block* x) { return s->is_fenced(x); });
       if (b != nullptr) {
-        p = carve(*s, b, size, requested, alignment, true);
+        p = carve(*s, b, size, requested, alignment);
         fence = s->fence;
       }
     }

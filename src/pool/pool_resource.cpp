@@ -140,12 +140,16 @@ detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s,
   return *slot;
 }
 
+// Hands out the front of `b` (a free block in the arena's index). When the rest is
+// a granule or more, `b` keeps it, and its place in the index unless its size class
+// changes; the request gets a new record. So a split is one index update, not a
+// removal and an insertion (W2).
 void* pool_resource::impl::carve(detail::arena& a, detail::block* b, std::size_t size,
-                                 std::size_t requested, std::size_t alignment, bool in_index) {
-  if (in_index) a.free.remove(b);
+                                 std::size_t requested, std::size_t alignment) {
   const std::uintptr_t aligned = (b->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
   if (aligned != b->address) {
     // Leave the misaligned front as a free block of its own.
+    a.free.remove(b);
     detail::block* front = a.slab.make();
     front->address = b->address;
     front->size = aligned - b->address;
@@ -160,48 +164,67 @@ void* pool_resource::impl::carve(detail::arena& a, detail::block* b, std::size_t
     b->address = aligned;
     b->size -= front->size;
     a.free.insert(front);
+    a.free.insert(b);
   }
+  detail::block* out = b;
   if (b->size - size >= granule) {
-    detail::block* tail = a.slab.make();
-    tail->address = b->address + size;
-    tail->size = b->size - size;
-    tail->owner = b->owner;
-    tail->free = true;
-    tail->free_epoch = b->free_epoch;
-    tail->prev_in_chunk = b;
-    tail->next_in_chunk = b->next_in_chunk;
-    if (b->next_in_chunk != nullptr) b->next_in_chunk->prev_in_chunk = tail;
-    b->next_in_chunk = tail;
-    b->size = size;
-    a.free.insert(tail);
+    out = a.slab.make();
+    out->address = b->address;
+    out->size = size;
+    out->owner = b->owner;
+    out->prev_in_chunk = b->prev_in_chunk;
+    out->next_in_chunk = b;
+    if (b->prev_in_chunk != nullptr) b->prev_in_chunk->next_in_chunk = out;
+    else b->owner->first = out;
+    b->prev_in_chunk = out;
+    b->address += size;
+    a.free.resize(b, b->size - size);
+  } else {
+    a.free.remove(b);
   }
-  b->free = false;
-  b->requested_bytes = requested;
-  a.live.insert(b->address, b);
-  a.used_bytes += b->size;
-  return reinterpret_cast<void*>(b->address);
+  out->free = false;
+  out->requested_bytes = requested;
+  a.live.insert(out->address, out);
+  a.used_bytes += out->size;
+  return reinterpret_cast<void*>(out->address);
 }
 
+// Marks `b` free and coalesces it with free neighbours (the same chunk's, so the
+// same arena's). The lower free neighbour, or else the upper one, absorbs it and
+// keeps its record and mostly its place in the index (see carve).
 void pool_resource::impl::free_into(detail::arena& a, detail::block* b, std::uint64_t epoch) {
   b->free = true;
   b->free_epoch = epoch;
-  // Coalesce with free neighbours: they belong to the same chunk, so to this arena.
-  if (detail::block* next = b->next_in_chunk; next != nullptr && next->free) {
-    a.free.remove(next);
-    b->size += next->size;
-    b->free_epoch = std::max(b->free_epoch, next->free_epoch);
-    b->next_in_chunk = next->next_in_chunk;
-    if (next->next_in_chunk != nullptr) next->next_in_chunk->prev_in_chunk = b;
-    a.slab.recycle(next);
-  }
-  if (detail::block* prev = b->prev_in_chunk; prev != nullptr && prev->free) {
-    a.free.remove(prev);
-    prev->size += b->size;
-    prev->free_epoch = std::max(prev->free_epoch, b->free_epoch);
-    prev->next_in_chunk = b->next_in_chunk;
-    if (b->next_in_chunk != nullptr) b->next_in_chunk->prev_in_chunk = prev;
+  detail::block* const prev = b->prev_in_chunk;
+  detail::block* const next = b->next_in_chunk;
+  const bool next_free = next != nullptr && next->free;
+  if (prev != nullptr && prev->free) {
+    std::size_t merged = prev->size + b->size;
+    std::uint64_t e = std::max(prev->free_epoch, b->free_epoch);
+    detail::block* after = next;
+    if (next_free) {
+      a.free.remove(next);
+      merged += next->size;
+      e = std::max(e, next->free_epoch);
+      after = next->next_in_chunk;
+      a.slab.recycle(next);
+    }
+    prev->next_in_chunk = after;
+    if (after != nullptr) after->prev_in_chunk = prev;
+    prev->free_epoch = e;
+    a.free.resize(prev, merged);
     a.slab.recycle(b);
-    b = prev;
+    return;
+  }
+  if (next_free) {
+    next->address = b->address;
+    next->prev_in_chunk = prev;
+    if (prev != nullptr) prev->next_in_chunk = next;
+    else b->owner->first = next;
+    next->free_epoch = std::max(next->free_epoch, b->free_epoch);
+    a.free.resize(next, next->size + b->size);
+    a.slab.recycle(b);
+    return;
   }
   a.free.insert(b);
 }
@@ -298,7 +321,7 @@ void* pool_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
       return reinterpret_cast<void*>(b->address);
     }
     if (detail::block* b = a.free.find(need)) [[likely]] {
-      return p.carve(a, b, size, bytes, alignment, true);
+      return p.carve(a, b, size, bytes, alignment);
     }
   }
   return p.allocate_slow(a, size, bytes, alignment, need);
