@@ -59,6 +59,16 @@ inline bool stream_is_capturing(CUstream h, int device, bool watched = false) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// A pool's first use of a stream, before any other driver call on it (most calls,
+// cuStreamGetDevice among them, fail on a capturing stream and invalidate the
+// capture): whether it is capturing. Always asks the driver, so it also tells the
+// capture watch of a capture that began before it (driver/capture_watch_state.hpp).
+inline bool new_stream_is_capturing(CUstream h, int device) {
+  if (!stream_is_capturing(h, device)) return false;
+  capture_watch_found_unseen(h);
+  return true;
+}
+
 [[noreturn]] inline void throw_capturing(const char* resource, const char* call, CUstream h) {
   char text[96];
   std::snprintf(text, sizeof text, "%p", static_cast<void*>(h));

@@ -156,14 +156,17 @@ std::string start_cupti_watch() {
     return "cuptiSubscribe failed: " + text_of(api, r) +
            (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED ? " (a profiler holds CUPTI's one subscription)" : "");
   }
-  for (const auto& ids : {std::vector<CUpti_CallbackId>(std::begin(begin_calls), std::end(begin_calls)),
-                          std::vector<CUpti_CallbackId>(std::begin(end_calls), std::end(end_calls))}) {
+  auto enable = [&](const auto& ids) {
     for (CUpti_CallbackId id : ids) {
-      if (CUptiResult r = api.enable_callback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, id); r != CUPTI_SUCCESS) {
-        (void)api.unsubscribe(sub);
-        return "cuptiEnableCallback failed: " + text_of(api, r);
-      }
+      if (CUptiResult r = api.enable_callback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, id); r != CUPTI_SUCCESS) return r;
     }
+    return CUPTI_SUCCESS;
+  };
+  CUptiResult r = enable(begin_calls);
+  if (r == CUPTI_SUCCESS) r = enable(end_calls);
+  if (r != CUPTI_SUCCESS) {
+    (void)api.unsubscribe(sub);
+    return "cuptiEnableCallback failed: " + text_of(api, r);
   }
   subscriber = sub;
   return {};

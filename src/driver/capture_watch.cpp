@@ -35,24 +35,14 @@ void capture_watch_begin_failed() noexcept { uncount(); }
 void capture_watch_capture_ended() noexcept { uncount(); }
 void capture_watch_distrust() noexcept { capture_watch_word.fetch_or(capture_watch_off, std::memory_order_acq_rel); }
 
-bool new_stream_is_capturing(CUstream stream, int device) {
-  if (stream == nullptr || stream == CU_STREAM_LEGACY) return false;  // cannot be captured
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (stream == CU_STREAM_PER_THREAD) {
-    device_context_guard guard(device);
-    GPUMEM_CU(cuStreamIsCapturing, stream, &status);
-  } else {
-    GPUMEM_CU(cuStreamIsCapturing, stream, &status);
-  }
-  if (status == CU_STREAM_CAPTURE_STATUS_NONE) return false;
-  if (!watch_says_no_capture()) return true;
+void capture_watch_found_unseen(CUstream stream) {
+  if (!watch_says_no_capture()) return;  // the word already asks the pools to query
   capture_watch_distrust();
   std::fprintf(stderr,
                "gpumem: stream %p was already being captured when a pool first used it: the capture "
                "began before the capture watch started. The pools ask the driver on every call from "
                "now on; start gpumem::capture_watch before any capture\n",
                static_cast<void*>(stream));
-  return true;
 }
 
 namespace {

@@ -47,12 +47,10 @@ void capture_watch_capture_ended() noexcept;  // a capture ended (its stream lef
 // The watch cannot be trusted from now on (until it is started again).
 void capture_watch_distrust() noexcept;
 
-// A pool's first use of a stream, before any other driver call on it (most calls,
-// cuStreamGetDevice among them, fail on a capturing stream and invalidate the
-// capture): whether it is capturing. When it is while the word says no capture is
-// in progress, the capture began before the watch started: the watch is
-// distrusted (the pools ask the driver again) and a line on stderr says why.
-bool new_stream_is_capturing(CUstream stream, int device);
+// A pool found `stream` capturing on its first use of it. If the word says no
+// capture is in progress, the capture began before the watch started: the watch
+// is distrusted (the pools ask the driver again) and a line on stderr says why.
+void capture_watch_found_unseen(CUstream stream);
 
 // Starts the CUPTI subscription (capture_cupti.cpp); empty on success, else why not.
 std::string start_cupti_watch();

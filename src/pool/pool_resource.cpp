@@ -140,6 +140,24 @@ detail::arena& pool_resource::impl::create_arena(std::uintptr_t key, CUstream s,
   return *slot;
 }
 
+namespace {
+// A new record for the first `bytes` of `b`, linked before it in the chunk; `b`
+// keeps the rest. The caller sets b's new size (through the index when b is in it).
+detail::block* split_off_front(detail::arena& a, detail::block* b, std::size_t bytes) {
+  detail::block* f = a.slab.make();
+  f->address = b->address;
+  f->size = bytes;
+  f->owner = b->owner;
+  f->prev_in_chunk = b->prev_in_chunk;
+  f->next_in_chunk = b;
+  if (b->prev_in_chunk != nullptr) b->prev_in_chunk->next_in_chunk = f;
+  else b->owner->first = f;
+  b->prev_in_chunk = f;
+  b->address += bytes;
+  return f;
+}
+}  // namespace
+
 // Hands out the front of `b` (a free block in the arena's index). When the rest is
 // a granule or more, `b` keeps it, and its place in the index unless its size class
 // changes; the request gets a new record. So a split is one index update, not a
@@ -149,35 +167,15 @@ void* pool_resource::impl::carve(detail::arena& a, detail::block* b, std::size_t
   const std::uintptr_t aligned = (b->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
   if (aligned != b->address) {
     // Leave the misaligned front as a free block of its own.
-    a.free.remove(b);
-    detail::block* front = a.slab.make();
-    front->address = b->address;
-    front->size = aligned - b->address;
-    front->owner = b->owner;
+    detail::block* front = split_off_front(a, b, aligned - b->address);
     front->free = true;
     front->free_epoch = b->free_epoch;
-    front->prev_in_chunk = b->prev_in_chunk;
-    front->next_in_chunk = b;
-    if (b->prev_in_chunk != nullptr) b->prev_in_chunk->next_in_chunk = front;
-    else b->owner->first = front;
-    b->prev_in_chunk = front;
-    b->address = aligned;
-    b->size -= front->size;
     a.free.insert(front);
-    a.free.insert(b);
+    a.free.resize(b, b->size - front->size);
   }
   detail::block* out = b;
   if (b->size - size >= granule) {
-    out = a.slab.make();
-    out->address = b->address;
-    out->size = size;
-    out->owner = b->owner;
-    out->prev_in_chunk = b->prev_in_chunk;
-    out->next_in_chunk = b;
-    if (b->prev_in_chunk != nullptr) b->prev_in_chunk->next_in_chunk = out;
-    else b->owner->first = out;
-    b->prev_in_chunk = out;
-    b->address += size;
+    out = split_off_front(a, b, size);
     a.free.resize(b, b->size - size);
   } else {
     a.free.remove(b);

@@ -25,8 +25,9 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
   if (const unsigned every = in.byte() % 9; every != 0) o.fence_interval = every;
   o.reuse_across_streams = (in.byte() & 1U) != 0;
   if ((in.byte() & 3U) == 0) o.maximum_bytes = o.max_chunk_bytes * (1 + in.byte() % 4);
-  std::map<std::uintptr_t, program_allocation> live;
-  std::vector<std::uintptr_t> order;
+  program_model model;
+  auto& live = model.live;
+  auto& order = model.order;
   std::ostringstream why;
   {
     pool_resource pool(upstream, o);
@@ -51,15 +52,7 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
           if (!check("a failed allocation")) return why.str();
           continue;
         }
-        const auto a = reinterpret_cast<std::uintptr_t>(p);
-        if (a % alignment != 0) return "misaligned allocation";
-        auto next = live.lower_bound(a);
-        if (next != live.end() && a + bytes > next->first) return "overlaps the next allocation";
-        if (next != live.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) {
-          return "overlaps the previous allocation";
-        }
-        live.emplace(a, program_allocation{p, bytes, alignment});
-        order.push_back(a);
+        if (std::string bad = model.add(p, bytes, alignment); !bad.empty()) return bad;
         if (!check("allocate")) return why.str();
       } else if (op <= 5 && !order.empty()) {  // free, on any stream
         const std::size_t k = in.u16() % order.size();

@@ -6,6 +6,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "gpumem/stream.hpp"
 
@@ -28,6 +32,26 @@ struct program_allocation {
   void* ptr;
   std::size_t bytes;
   std::size_t alignment;
+};
+
+// The model's live allocations by address, and their addresses in the order made.
+struct program_model {
+  std::map<std::uintptr_t, program_allocation> live;
+  std::vector<std::uintptr_t> order;
+
+  // Records an allocation the pool handed out; what is wrong with it, or empty.
+  std::string add(void* p, std::size_t bytes, std::size_t alignment) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    if (a % alignment != 0) return "misaligned allocation";
+    auto next = live.lower_bound(a);
+    if (next != live.end() && a + bytes > next->first) return "overlaps the next allocation";
+    if (next != live.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) {
+      return "overlaps the previous allocation";
+    }
+    live.emplace(a, program_allocation{p, bytes, alignment});
+    order.push_back(a);
+    return {};
+  }
 };
 
 inline std::array<stream, 3>& program_streams() {

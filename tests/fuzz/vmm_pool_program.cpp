@@ -38,8 +38,9 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     }
   }
   const std::size_t device_free_before = device_memory_info(0).free_bytes;
-  std::map<std::uintptr_t, program_allocation> live;
-  std::vector<std::uintptr_t> order;
+  program_model model;
+  auto& live = model.live;
+  auto& order = model.order;
   {
     vmm_pool_resource pool(0, o);
     auto check_statistics = [&]() -> std::string {
@@ -63,16 +64,8 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
         } catch (const out_of_memory&) {
           continue;
         }
-        const auto a = reinterpret_cast<std::uintptr_t>(p);
-        if (a % alignment != 0) return "misaligned allocation";
-        auto next = live.lower_bound(a);
-        if (next != live.end() && a + bytes > next->first) return "overlaps the next allocation";
-        if (next != live.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) {
-          return "overlaps the previous allocation";
-        }
+        if (std::string bad = model.add(p, bytes, alignment); !bad.empty()) return bad;
         if (pool.physical_pieces(p, bytes).empty()) return "a live allocation has no physical pieces";
-        live.emplace(a, program_allocation{p, bytes, alignment});
-        order.push_back(a);
       } else if (op <= 5 && !order.empty()) {  // free, on any stream; sometimes a wrong size first
         const std::size_t k = in.u16() % order.size();
         const program_allocation al = live.at(order[k]);

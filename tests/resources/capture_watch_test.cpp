@@ -16,22 +16,13 @@
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "support/capture.hpp"
 
 namespace gpumem::test {
 namespace {
 
 std::uint64_t word() { return detail::capture_watch_word_now(); }
 bool no_capture() { return word() == 0; }
-
-void begin_capture(stream_view s) {
-  // Relaxed: the test thread may still make other driver calls meanwhile.
-  GPUMEM_CU(cuStreamBeginCapture, s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED);
-}
-void end_capture(stream_view s) {
-  CUgraph g = nullptr;
-  GPUMEM_CU(cuStreamEndCapture, s.handle(), &g);
-  GPUMEM_CU(cuGraphDestroy, g);
-}
 
 class CaptureWatch : public ::testing::Test {
  protected:
@@ -81,27 +72,7 @@ TEST_F(CaptureWatch, AWatchedPoolRefusesAStreamUnderCaptureAndServesOthers) {
   pool_options o;
   o.watch_captures = true;
   pool_resource pool(upstream, o);
-  stream other(0);
-  void* before = pool.allocate(1000, s);
-  begin_capture(s);
-  try {
-    (void)pool.allocate(1000, s);
-    ADD_FAILURE() << "allocate on a capturing stream did not throw";
-  } catch (const logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(pool.deallocate(before, 1000, s), logic_error);
-  // Another stream is asked (a capture is in progress) and served.
-  void* elsewhere = pool.allocate(4096, other);
-  pool.deallocate(elsewhere, 4096, other);
-  end_capture(s);
-  EXPECT_EQ(pool.statistics().allocations, 1U) << "the refused free left the block allocated";
-  pool.deallocate(before, 1000, s);
-  void* after = pool.allocate(1000, s);
-  pool.deallocate(after, 1000, s);
-  s.synchronize();
-  other.synchronize();
-  EXPECT_EQ(pool.statistics().allocations, 0U);
+  expect_capture_refused(pool, s);
 }
 
 TEST_F(CaptureWatch, AWatchedVmmPoolRefusesAStreamUnderCapture) {

@@ -21,6 +21,7 @@
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/sim.hpp"
 #include "sim/sim_event.hpp"
+#include "support/capture.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -661,48 +662,9 @@ TEST_F(Pool, PeriodicFencesStillFollowTheOptions) {
 
 // ---- CUDA graphs (Note [Pools and stream capture] in src/stream_device.hpp) ----
 
-struct capture_on {
-  explicit capture_on(stream_view st) : s(st.handle()) {
-    // Relaxed: the test thread may still call cuMemAlloc (an "unsafe" call) meanwhile.
-    GPUMEM_CU(cuStreamBeginCapture, s, CU_STREAM_CAPTURE_MODE_RELAXED);
-  }
-  ~capture_on() { end(); }
-  void end() {
-    if (s == nullptr) return;
-    CUgraph g = nullptr;
-    GPUMEM_CU(cuStreamEndCapture, s, &g);
-    GPUMEM_CU(cuGraphDestroy, g);
-    s = nullptr;
-  }
-  CUstream s;
-};
-
 TEST_F(Pool, AStreamUnderCaptureIsRefusedWithAClearErrorAndThePoolStaysIntact) {
   pool_resource pool(upstream);
-  stream other(0);
-  void* before = pool.allocate(1000, s);
-  {
-    capture_on capture(s);
-    try {
-      (void)pool.allocate(1000, s);
-      ADD_FAILURE() << "allocate on a capturing stream did not throw";
-    } catch (const logic_error& e) {
-      EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("async_resource"), std::string::npos) << e.what();
-    }
-    EXPECT_THROW(pool.deallocate(before, 1000, s), logic_error);
-    // Another stream, not captured, is served meanwhile.
-    void* elsewhere = pool.allocate(4096, other);
-    pool.deallocate(elsewhere, 4096, other);
-    capture.end();
-  }
-  EXPECT_EQ(pool.statistics().allocations, 1U) << "the refused free left the block allocated";
-  pool.deallocate(before, 1000, s);
-  void* after = pool.allocate(1000, s);
-  pool.deallocate(after, 1000, s);
-  s.synchronize();
-  other.synchronize();
-  EXPECT_EQ(pool.statistics().allocations, 0U);
+  expect_capture_refused(pool, s);
 }
 
 TEST_F(Pool, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {

@@ -16,6 +16,7 @@
 #include "gpumem/error.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "support/capture.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -511,13 +512,10 @@ TEST_P(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
   vmm_pool_resource pool(0, GetParam() ? vmm_pool_options{} : without_arenas());
   stream s(0);
   void* before = pool.allocate(1000, s);
-  // Relaxed: the test thread may still make other driver calls meanwhile.
-  GPUMEM_CU(cuStreamBeginCapture, s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED);
+  begin_capture(s);
   EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
   EXPECT_THROW(pool.deallocate(before, 1000, s), logic_error);
-  CUgraph g = nullptr;
-  GPUMEM_CU(cuStreamEndCapture, s.handle(), &g);
-  GPUMEM_CU(cuGraphDestroy, g);
+  end_capture(s);
   EXPECT_EQ(pool.statistics().allocations, 1U);
   pool.deallocate(before, 1000, s);
   s.synchronize();
@@ -526,12 +524,10 @@ TEST_P(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
 TEST_P(VmmPoolCapture, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {
   vmm_pool_resource pool(0, GetParam() ? vmm_pool_options{} : without_arenas());
   stream s(0);
-  GPUMEM_CU(cuStreamBeginCapture, s.handle(), CU_STREAM_CAPTURE_MODE_RELAXED);
+  begin_capture(s);
   EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
   EXPECT_THROW((void)pool.allocate(std::size_t{8} << 20, s), logic_error);
-  CUgraph g = nullptr;
-  GPUMEM_CU(cuStreamEndCapture, s.handle(), &g);  // fails if the capture was invalidated
-  GPUMEM_CU(cuGraphDestroy, g);
+  end_capture(s);  // throws if the capture was invalidated
   pool.deallocate(pool.allocate(1000, s), 1000, s);
   s.synchronize();
   EXPECT_EQ(pool.statistics().allocations, 0U);
