@@ -27,6 +27,11 @@ struct block {
   std::uint64_t free_epoch = 0;
   bool free = false;    // in the free index
   bool cached = false;  // freed into the arena's quick cache (not free, not live)
+  // Paged pools only (src/vmm/page_backing.hpp): free addresses without physical
+  // memory, in the arena's `unmapped` index; or the old mapping of pages moved
+  // elsewhere, waiting to be unmapped (neither free nor live).
+  bool unmapped = false;
+  bool stale = false;
 };
 
 struct chunk {
@@ -34,6 +39,9 @@ struct chunk {
   std::size_t size = 0;
   arena* owner = nullptr;
   block* first = nullptr;
+  // Paged pools only: the physical handle mapped at each page of the chunk (0:
+  // none). Guarded by the owner arena's lock.
+  std::vector<std::uint64_t> pages;
 };
 
 // Allocates block records without touching the heap on the hot path.

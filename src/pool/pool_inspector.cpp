@@ -9,7 +9,7 @@
 namespace gpumem::detail {
 
 std::string pool_inspector::violations(pool_resource& pool) {
-  pool_resource::impl& p = *pool.impl_;
+  stream_ordered_pool& p = pool.impl_->pool;
   std::ostringstream why;
   std::shared_lock arenas_lock(p.arenas_mutex);
   std::shared_lock chunks_lock(p.chunks_mutex);
@@ -45,7 +45,7 @@ std::string pool_inspector::violations(pool_resource& pool) {
         if (b->owner != c) return "a block points at the wrong chunk";
         if (b->prev_in_chunk != prev) return "broken prev link in a chunk";
         if (b->address != at) return "blocks do not tile their chunk (gap or overlap)";
-        if (b->size == 0 || b->size % pool_resource::impl::granule != 0) return "block size not a granule multiple";
+        if (b->size == 0 || b->size % stream_ordered_pool::granule != 0) return "block size not a granule multiple";
         at += b->size;
         if (b->free) {
           if (b->cached) return "a block is both free and cached";
@@ -85,7 +85,7 @@ std::string pool_inspector::violations(pool_resource& pool) {
 }
 
 std::size_t pool_inspector::live_requested_bytes(const pool_resource& pool, const void* ptr) {
-  const pool_resource::impl& p = *pool.impl_;
+  const stream_ordered_pool& p = pool.impl_->pool;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::shared_lock chunks_lock(p.chunks_mutex);
   auto it = p.chunks.upper_bound(address);

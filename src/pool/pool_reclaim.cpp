@@ -1,142 +1,19 @@
-// pool_resource's slow paths: frees on another stream than the allocation's,
-// absorbing them, taking other streams' free memory, growing from the upstream,
-// and, when memory is short, making every free complete and giving chunks back.
-// arena.hpp's note on fencing says why each step is safe.
+// pool_resource's backing (pool_impl.hpp): growing from the upstream, taking
+// other streams' whole free chunks or lending their blocks, and giving fully free
+// chunks back to the upstream. arena.hpp's note on fencing says why each step is
+// safe; the engine (stream_ordered_pool.cpp) decides when each runs.
 #include <algorithm>
 #include <bit>
-#include <tuple>
 
 #include "driver/driver.hpp"
-#include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "pool/pool_impl.hpp"
-#include "text.hpp"
 
 namespace gpumem {
 
 using detail::arena;
 using detail::block;
 using detail::chunk;
-
-void* pool_resource::impl::allocate_slow(arena& a, std::size_t size, std::size_t requested,
-                                         std::size_t alignment, std::size_t need) {
-  auto try_own = [&]() -> void* {
-    std::lock_guard lock(a.lock);
-    block* b = a.free.find(need);
-    return b != nullptr ? carve(a, b, size, requested, alignment) : nullptr;
-  };
-  // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
-  {
-    std::lock_guard lock(a.lock);
-    flush_quick(a);
-    if (a.fence_requested.load(std::memory_order_relaxed)) record_fence(a);  // another stream asked
-  }
-  if (void* p = try_own()) return p;
-  if (absorb_pending(a)) {
-    if (void* p = try_own()) return p;
-  }
-  // 2. Other streams' fenced whole free chunks, ordered by an event wait on the device.
-  if (opt.reuse_across_streams) {
-    if (void* p = take_from_other_arenas(a, size, requested, alignment, need, false)) return p;
-  }
-  // 3. and 4. run under growth_mutex: one thread at a time grows or gives memory
-  // back, so no thread releases a chunk another has just grown and not yet carved,
-  // and no thread fails against a maximum because another's growth is in flight.
-  std::lock_guard growing(growth_mutex);
-  if (void* p = try_own()) return p;  // another thread may have grown or freed meanwhile
-  // 3. More from the upstream.
-  if (grow(a, need)) {
-    if (void* p = try_own()) return p;
-  }
-  // 4. Memory is short: other streams' fenced free blocks, lent (see arena.hpp's note).
-  if (opt.reuse_across_streams) {
-    if (void* p = take_from_other_arenas(a, size, requested, alignment, need, true)) return p;
-  }
-  // 5. Make every free complete (one device synchronisation, off the hot path),
-  //    give fully free chunks back, and try everything again.
-  synchronize_and_fence_everything();
-  if (void* p = try_own()) return p;
-  if (void* p = take_from_other_arenas(a, size, requested, alignment, need, true)) return p;
-  release_chunks(true);
-  if (grow(a, need)) {
-    if (void* p = try_own()) return p;
-  }
-  throw_out_of_memory(requested);
-}
-
-void pool_resource::impl::deallocate_foreign(arena& caller, void* ptr, std::size_t bytes) {
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  arena* owner = nullptr;
-  {
-    std::shared_lock dir(chunks_mutex);
-    auto it = chunks.upper_bound(address);
-    if (it != chunks.begin()) {
-      --it;
-      if (address < it->first + it->second->size) owner = it->second->owner;
-    }
-  }
-  auto not_ours = [&] {
-    return logic_error("gpumem::pool_resource::deallocate: pointer " + detail::pointer_text(ptr) +
-                       " was not allocated by this pool, or was already freed");
-  };
-  if (owner == nullptr || owner == &caller) throw not_ours();  // caller's own live map missed it
-  {
-    std::lock_guard lock(owner->lock);
-    block* b = owner->live.find(address);
-    if (b == nullptr || b->cached) throw not_ours();
-    if (b->requested_bytes != bytes) {
-      throw logic_error("gpumem::pool_resource::deallocate: the allocation has " +
-                        std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
-    }
-  }
-  CUevent fence = nullptr;
-  {
-    // Order the free after the caller's stream's work so far.
-    std::lock_guard lock(caller.lock);
-    record_fence(caller);
-    fence = caller.fence;
-  }
-  std::lock_guard lock(owner->lock);
-  block* b = owner->live.find(address);
-  if (b == nullptr || b->cached) throw not_ours();  // freed by another thread meanwhile
-  owner->live.erase(address);
-  owner->used_bytes -= b->size;
-  owner->pending.push_back({b, fence, ++owner->pending_sequence});
-}
-
-void pool_resource::impl::wait_for(arena& waiter, CUevent fence) {
-  if (fence == nullptr) return;  // never recorded: what it covers needed no wait
-  detail::device_context_guard guard(device);
-  GPUMEM_CU(cuStreamWaitEvent, waiter.stream, fence, 0);
-}
-
-bool pool_resource::impl::absorb_pending(arena& a) {
-  std::vector<CUevent> fences;
-  std::uint64_t upto = 0;
-  {
-    std::lock_guard lock(a.lock);
-    if (a.pending.empty()) return false;
-    upto = a.pending_sequence;
-    for (const auto& pf : a.pending) {
-      if (std::find(fences.begin(), fences.end(), pf.fence) == fences.end()) fences.push_back(pf.fence);
-    }
-  }
-  for (CUevent e : fences) wait_for(a, e);
-  std::lock_guard lock(a.lock);
-  bool absorbed = false;
-  for (std::size_t i = 0; i < a.pending.size();) {
-    if (a.pending[i].sequence <= upto) {
-      free_into(a, a.pending[i].freed, ++a.frees);
-      a.pending[i] = a.pending.back();
-      a.pending.pop_back();
-      absorbed = true;
-    } else {
-      ++i;
-    }
-  }
-  if (absorbed) record_fence(a);  // the absorbed blocks become usable by others too
-  return absorbed;
-}
 
 // `wait`: false while the pool may still grow. Then taking is opportunistic and
 // whole chunks only: an arena whose lock is busy (its own threads are allocating)
@@ -147,8 +24,8 @@ bool pool_resource::impl::absorb_pending(arena& a) {
 // fitting free chunk that is not fenced yet, is asked to fence. When memory is
 // short (`wait`), every arena is waited for, and fenced free blocks and pending
 // frees are lent too.
-void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, std::size_t requested,
-                                                  std::size_t alignment, std::size_t need, bool wait) {
+void* pool_resource::impl::take_from_others(arena& a, const detail::pool_request& r, bool wait) {
+  const std::size_t need = r.need;
   auto acquire = [wait](auto& lock) {
     if (wait) {
       lock.lock();
@@ -156,19 +33,13 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
     }
     return lock.try_lock();
   };
-  std::vector<arena*> others;
-  {
-    std::shared_lock lock(arenas_mutex);
-    for (auto& [key, other] : arenas) {
-      if (other.get() != &a) others.push_back(other.get());
-    }
-  }
+  const std::vector<arena*> others = pool.arenas_except(&a);
   // (a) A whole free, fenced chunk changes owner: no lasting tie between the streams.
   for (arena* s : others) {
     chunk* moved = nullptr;
     CUevent fence = nullptr;
     {
-      std::unique_lock dir(chunks_mutex, std::defer_lock);
+      std::unique_lock dir(pool.chunks_mutex, std::defer_lock);
       if (!acquire(dir)) {
         s->fence_requested.store(true, std::memory_order_relaxed);
         continue;
@@ -178,7 +49,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
         s->fence_requested.store(true, std::memory_order_relaxed);
         continue;
       }
-      if (wait) flush_quick(*s);
+      if (wait) pool.flush_quick(*s);
       bool unfenced_fit = false;
       for (std::size_t i = 0; i < s->chunks.size(); ++i) {
         chunk* c = s->chunks[i];
@@ -188,7 +59,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
           unfenced_fit = true;
           continue;
         }
-        if (f->cached) flush_quick(*s);  // the whole chunk sits in s's quick cache: free it
+        if (f->cached) pool.flush_quick(*s);  // the whole chunk sits in s's quick cache: free it
         s->free.remove(f);
         s->chunks[i] = s->chunks.back();
         s->chunks.pop_back();
@@ -201,14 +72,14 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       if (moved == nullptr && unfenced_fit) s->fence_requested.store(true, std::memory_order_relaxed);
     }
     if (moved != nullptr) {
-      wait_for(a, fence);
+      pool.wait_for(a, fence);
       std::lock_guard lock(a.lock);
       // Block records may change arenas: slab pages live as long as the pool.
       a.chunks.push_back(moved);
       a.reserved_bytes += moved->size;
-      free_into(a, moved->first, ++a.frees);
+      pool.free_into(a, moved->first, ++a.frees);
       block* fit = a.free.find(need);
-      return carve(a, fit, size, requested, alignment);
+      return pool.carve(a, fit, r.size, r.requested, r.alignment);
     }
   }
   if (!wait) return nullptr;
@@ -221,12 +92,12 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       if (!acquire(lock)) continue;
       block* b = s->free.find_if(need, [s](const block* x) { return s->is_fenced(x); });
       if (b != nullptr) {
-        p = carve(*s, b, size, requested, alignment);
+        p = pool.carve(*s, b, r.size, r.requested, r.alignment);
         fence = s->fence;
       }
     }
     if (p != nullptr) {
-      wait_for(a, fence);
+      pool.wait_for(a, fence);
       return p;
     }
   }
@@ -239,12 +110,12 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       if (!acquire(lock)) continue;
       for (std::size_t i = 0; i < s->pending.size(); ++i) {
         block* b = s->pending[i].freed;
-        if (b->size >= size && b->address % alignment == 0) {
+        if (b->size >= r.size && b->address % r.alignment == 0) {
           taken = b;
           fence = s->pending[i].fence;
           s->pending[i] = s->pending.back();
           s->pending.pop_back();
-          taken->requested_bytes = requested;
+          taken->requested_bytes = r.requested;
           s->live.insert(taken->address, taken);
           s->used_bytes += taken->size;
           break;
@@ -252,7 +123,7 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
       }
     }
     if (taken != nullptr) {
-      wait_for(a, fence);
+      pool.wait_for(a, fence);
       return reinterpret_cast<void*>(taken->address);
     }
   }
@@ -261,8 +132,8 @@ void* pool_resource::impl::take_from_other_arenas(arena& a, std::size_t size, st
   return nullptr;
 }
 
-bool pool_resource::impl::grow(arena& a, std::size_t need) {
-  const std::size_t held = reserved_bytes.load(std::memory_order_relaxed);
+bool pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_short*/) {
+  const std::size_t held = pool.reserved_bytes.load(std::memory_order_relaxed);
   std::size_t preferred = std::clamp(std::bit_ceil(std::max<std::size_t>(held, 1)),
                                      opt.min_chunk_bytes, opt.max_chunk_bytes);
   const std::size_t need_chunks = (need + opt.min_chunk_bytes - 1) / opt.min_chunk_bytes * opt.min_chunk_bytes;
@@ -271,19 +142,19 @@ bool pool_resource::impl::grow(arena& a, std::size_t need) {
   for (std::size_t bytes : {preferred, need_chunks, need}) {
     if (bytes == tried) continue;
     tried = bytes;
-    const std::size_t before = reserved_bytes.fetch_add(bytes);
+    const std::size_t before = pool.reserved_bytes.fetch_add(bytes);
     if (opt.maximum_bytes != 0 && before + bytes > opt.maximum_bytes) {
-      reserved_bytes.fetch_sub(bytes);
+      pool.reserved_bytes.fetch_sub(bytes);
       continue;
     }
     void* p = nullptr;
     try {
       p = upstream->allocate(bytes, stream_view(a.stream));
     } catch (const out_of_memory&) {
-      reserved_bytes.fetch_sub(bytes);
+      pool.reserved_bytes.fetch_sub(bytes);
       continue;
     } catch (...) {
-      reserved_bytes.fetch_sub(bytes);
+      pool.reserved_bytes.fetch_sub(bytes);
       throw;
     }
     // Stream-ordered upstreams make the memory valid in a.stream's order: the new
@@ -293,63 +164,24 @@ bool pool_resource::impl::grow(arena& a, std::size_t need) {
       std::lock_guard lock(a.lock);
       epoch = ++a.frees;
     }
-    add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, epoch);
+    pool.add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, epoch);
     return true;
   }
   return false;
 }
 
-void pool_resource::impl::synchronize_and_fence_everything() {
-  std::vector<std::tuple<arena*, std::uint64_t, std::uint64_t>> before;
-  {
-    std::shared_lock lock(arenas_mutex);
-    for (auto& [key, a] : arenas) {
-      std::lock_guard g(a->lock);
-      before.emplace_back(a.get(), a->frees, a->pending_sequence);
-    }
-  }
-  {
-    detail::device_context_guard guard(device);
-    GPUMEM_CU(cuCtxSynchronize);
-  }
-  // Everything freed before the synchronisation is complete: fenced for everyone.
-  for (auto [a, frees, pending_upto] : before) {
-    std::lock_guard g(a->lock);
-    flush_quick(*a);
-    a->fenced_frees = std::max(a->fenced_frees, frees);
-    for (std::size_t i = 0; i < a->pending.size();) {
-      if (a->pending[i].sequence <= pending_upto) {
-        free_into(*a, a->pending[i].freed, frees);
-        a->pending[i] = a->pending.back();
-        a->pending.pop_back();
-      } else {
-        ++i;
-      }
-    }
-  }
-}
-
-CUstream pool_resource::impl::maintenance_stream() {
-  std::lock_guard lock(maintenance_mutex);
-  if (maintenance == nullptr) {
-    detail::device_context_guard guard(device);
-    GPUMEM_CU(cuStreamCreate, &maintenance, CU_STREAM_NON_BLOCKING);
-  }
-  return maintenance;
-}
-
-std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
+std::size_t pool_resource::impl::give_back(bool device_synchronized) {
   struct victim {
     std::unique_ptr<chunk> c;
     CUevent fence;
   };
   std::vector<victim> victims;
   {
-    std::shared_lock arenas_lock(arenas_mutex);
-    std::unique_lock dir(chunks_mutex);
-    for (auto& [key, a] : arenas) {
+    std::shared_lock arenas_lock(pool.arenas_mutex);
+    std::unique_lock dir(pool.chunks_mutex);
+    for (auto& [key, a] : pool.arenas) {
       std::lock_guard g(a->lock);
-      flush_quick(*a);
+      pool.flush_quick(*a);
       for (std::size_t i = 0; i < a->chunks.size();) {
         chunk* c = a->chunks[i];
         block* f = c->first;
@@ -359,7 +191,7 @@ std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
           a->reserved_bytes -= c->size;
           a->chunks[i] = a->chunks.back();
           a->chunks.pop_back();
-          auto node = chunks.extract(c->base);
+          auto node = pool.chunks.extract(c->base);
           victims.push_back({std::move(node.mapped()), device_synchronized ? nullptr : a->fence});
         } else {
           ++i;
@@ -374,43 +206,20 @@ std::size_t pool_resource::impl::release_chunks(bool device_synchronized) {
     // memory whose use is over (and may give it back to the device at once).
     if (v.fence != nullptr && detail::driver().cuEventQuery(v.fence) != CUDA_SUCCESS) {
       // Ordered after the frees on the device; the host does not wait.
-      CUstream ms = maintenance_stream();
+      CUstream ms = pool.maintenance_stream();
       GPUMEM_CU(cuStreamWaitEvent, ms, v.fence, 0);
       upstream->deallocate(base, v.c->size, stream_view(ms));
     } else {
       upstream->deallocate_sync(base, v.c->size);
     }
-    reserved_bytes.fetch_sub(v.c->size);
+    pool.reserved_bytes.fetch_sub(v.c->size);
     released += v.c->size;
   }
   return released;
 }
 
-pool_statistics pool_resource::impl::collect() {
-  pool_statistics s;
-  std::shared_lock lock(arenas_mutex);
-  for (auto& [key, a] : arenas) {
-    std::lock_guard g(a->lock);
-    flush_quick(*a);  // report coalesced blocks, as they are after any slow path
-    s.used_bytes += a->used_bytes;
-    s.reserved_bytes += a->reserved_bytes;
-    s.free_bytes += a->free.bytes();
-    s.free_blocks += a->free.count();
-    s.largest_free_block = std::max(s.largest_free_block, a->free.largest());
-    s.allocations += a->live.size();
-    s.chunks += a->chunks.size();
-    for (const auto& pf : a->pending) {
-      s.free_bytes += pf.freed->size;
-      ++s.free_blocks;
-    }
-  }
-  s.streams = arenas.size();
-  return s;
-}
-
-void pool_resource::impl::throw_out_of_memory(std::size_t requested) {
-  const pool_statistics s = collect();
-  const memory_info m = device_memory_info(device);
+std::string pool_resource::impl::shortage(std::size_t requested) {
+  const detail::pool_totals s = pool.collect();
   std::string why = "the pool holds " + std::to_string(s.reserved_bytes) + " bytes from its upstream, " +
                     std::to_string(s.free_bytes) + " of them free, the largest free block " +
                     std::to_string(s.largest_free_block) + " bytes";
@@ -420,9 +229,7 @@ void pool_resource::impl::throw_out_of_memory(std::size_t requested) {
     why += ". Enough memory is free in the pool but scattered (fragmentation): "
            "a virtual-memory pool maps scattered free memory into one range";
   }
-  throw out_of_memory({.requested_bytes = requested, .device = device, .resource = "pool_resource",
-                       .resource_held_bytes = s.reserved_bytes, .device_free_bytes = m.free_bytes,
-                       .device_total_bytes = m.total_bytes, .reason = why});
+  return why;
 }
 
 }  // namespace gpumem

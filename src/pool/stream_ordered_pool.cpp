@@ -1,0 +1,451 @@
+// The stream-ordering engine (stream_ordered_pool.hpp): arenas, block splitting
+// and coalescing, fences, frees on another stream, the order of the slow path,
+// and statistics. arena.hpp's note on fencing says why each step is safe.
+#include "pool/stream_ordered_pool.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+#include "driver/driver.hpp"
+#include "gpumem/device.hpp"
+
+namespace gpumem::detail {
+
+namespace pool_tls {
+thread_local arena_cache last_arena __attribute__((tls_model("initial-exec")));
+}  // namespace pool_tls
+
+namespace {
+std::atomic<std::uint64_t> next_pool_id{1};
+thread_local char per_thread_stream_tag __attribute__((tls_model("initial-exec")));
+}  // namespace
+
+// Arena key: the stream handle, with the two default streams made explicit.
+// The per-thread default stream is a different stream on every thread.
+std::uintptr_t stream_ordered_pool::key_of(CUstream s) noexcept {
+  if (s == nullptr || s == CU_STREAM_LEGACY) return reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY);
+  if (s == CU_STREAM_PER_THREAD) return reinterpret_cast<std::uintptr_t>(&per_thread_stream_tag) | 3U;
+  return reinterpret_cast<std::uintptr_t>(s);
+}
+
+stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_pool_settings s)
+    : name(resource), device(dev), settings(s), id(next_pool_id.fetch_add(1)) {
+  if (settings.fence_interval == 0) throw logic_error(std::string("gpumem::") + name + ": fence_interval must be at least 1");
+  if (settings.fence_bytes == 0) throw logic_error(std::string("gpumem::") + name + ": fence_bytes must be at least 1");
+  if (settings.refuse_capture && settings.watch_captures) {
+    watch = std::make_unique<capture_watch>();
+    watched = !watch->source().empty();
+  }
+  periodic_fences = settings.fence_interval != ~0U || settings.fence_bytes != ~std::size_t{0};
+}
+
+stream_ordered_pool::~stream_ordered_pool() {
+  for (auto& [key, a] : arenas) {
+    if (a->fence != nullptr) (void)driver().cuEventDestroy(a->fence);
+  }
+  if (maintenance != nullptr) (void)driver().cuStreamDestroy(maintenance);
+}
+
+// Out of line so that the hit path needs no stack frame.
+arena& stream_ordered_pool::find_arena(std::uintptr_t key, stream_view s, const char* call) {
+  pool_tls::arena_cache& cache = pool_tls::last_arena;
+  arena* found = nullptr;
+  {
+    std::shared_lock lock(arenas_mutex);
+    auto it = arenas.find(key);
+    if (it != arenas.end()) found = it->second.get();
+  }
+  if (found == nullptr) found = &create_arena(key, s.handle(), call);
+  cache = {id, key, found};
+  return *found;
+}
+
+arena& stream_ordered_pool::create_arena(std::uintptr_t key, CUstream s, const char* call) {
+  CUstream normalized = s == nullptr ? CU_STREAM_LEGACY : s;
+  // Before any other driver call on the stream: on a capturing stream they fail and
+  // invalidate the program's capture. Also how the capture watch learns of a
+  // capture that began before it (driver/capture_watch_state.hpp).
+  if (settings.refuse_capture && new_stream_is_capturing(normalized, device)) {
+    throw_capturing(name, call, normalized);
+  }
+  {
+    // A stream of another device would order nothing useful: refuse it once, here.
+    device_context_guard guard(device);
+    CUdevice dev{};
+    GPUMEM_CU(cuStreamGetDevice, normalized, &dev);
+    if (static_cast<int>(dev) != device) {
+      throw logic_error(std::string("gpumem::") + name + ": the stream belongs to device " + std::to_string(dev) +
+                        ", the pool to device " + std::to_string(device));
+    }
+  }
+  std::unique_lock lock(arenas_mutex);
+  auto& slot = arenas[key];
+  if (!slot) slot = std::make_unique<arena>(normalized);
+  if (arenas.size() > 1) several_streams.store(true, std::memory_order_relaxed);
+  return *slot;
+}
+
+std::vector<arena*> stream_ordered_pool::arenas_except(const arena* skip) const {
+  std::vector<arena*> out;
+  std::shared_lock lock(arenas_mutex);
+  for (const auto& [key, other] : arenas) {
+    if (other.get() != skip) out.push_back(other.get());
+  }
+  return out;
+}
+
+block* stream_ordered_pool::split_off_front(arena& a, block* b, std::size_t bytes) {
+  block* f = a.slab.make();
+  f->address = b->address;
+  f->size = bytes;
+  f->owner = b->owner;
+  f->prev_in_chunk = b->prev_in_chunk;
+  f->next_in_chunk = b;
+  if (b->prev_in_chunk != nullptr) b->prev_in_chunk->next_in_chunk = f;
+  else b->owner->first = f;
+  b->prev_in_chunk = f;
+  b->address += bytes;
+  return f;
+}
+
+// Hands out the front of `b` (a free block in the arena's index). When the rest is
+// a granule or more, `b` keeps it, and its place in the index unless its size class
+// changes; the request gets a new record. So a split is one index update, not a
+// removal and an insertion (W2).
+void* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::size_t requested,
+                                 std::size_t alignment) {
+  const std::uintptr_t aligned = (b->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
+  if (aligned != b->address) {
+    // Leave the misaligned front as a free block of its own.
+    block* front = split_off_front(a, b, aligned - b->address);
+    front->free = true;
+    front->free_epoch = b->free_epoch;
+    a.free.insert(front);
+    a.free.resize(b, b->size - front->size);
+  }
+  block* out = b;
+  if (b->size - size >= granule) {
+    out = split_off_front(a, b, size);
+    a.free.resize(b, b->size - size);
+  } else {
+    a.free.remove(b);
+  }
+  out->free = false;
+  out->requested_bytes = requested;
+  a.live.insert(out->address, out);
+  a.used_bytes += out->size;
+  return reinterpret_cast<void*>(out->address);
+}
+
+// Marks `b` free and coalesces it with free neighbours (the same chunk's, so the
+// same arena's). The lower free neighbour, or else the upper one, absorbs it and
+// keeps its record and mostly its place in the index (see carve). Unmapped and
+// stale neighbours (paged pools) are not free: they never merge here.
+void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
+  b->free = true;
+  b->free_epoch = epoch;
+  block* const prev = b->prev_in_chunk;
+  block* const next = b->next_in_chunk;
+  const bool next_free = next != nullptr && next->free;
+  if (prev != nullptr && prev->free) {
+    std::size_t merged = prev->size + b->size;
+    std::uint64_t e = std::max(prev->free_epoch, b->free_epoch);
+    block* after = next;
+    if (next_free) {
+      a.free.remove(next);
+      merged += next->size;
+      e = std::max(e, next->free_epoch);
+      after = next->next_in_chunk;
+      a.slab.recycle(next);
+    }
+    prev->next_in_chunk = after;
+    if (after != nullptr) after->prev_in_chunk = prev;
+    prev->free_epoch = e;
+    a.free.resize(prev, merged);
+    a.slab.recycle(b);
+    return;
+  }
+  if (next_free) {
+    next->address = b->address;
+    next->prev_in_chunk = prev;
+    if (prev != nullptr) prev->next_in_chunk = next;
+    else b->owner->first = next;
+    next->free_epoch = std::max(next->free_epoch, b->free_epoch);
+    a.free.resize(next, next->size + b->size);
+    a.slab.recycle(b);
+    return;
+  }
+  a.free.insert(b);
+}
+
+void stream_ordered_pool::flush_quick(arena& a) {
+  a.quick.drain([&](block* b) {
+    a.live.erase(b->address);
+    b->cached = false;
+    free_into(a, b, b->free_epoch);
+  });
+}
+
+// After a free on the arena's own stream. By default the only cost is one load of
+// the arena's own cache line: fences are recorded on demand (arena.hpp's note).
+void stream_ordered_pool::note_free(arena& a, std::size_t bytes) {
+  if (periodic_fences) [[unlikely]] {
+    ++a.unfenced_count;
+    a.unfenced_bytes += bytes;
+    if ((a.unfenced_count >= settings.fence_interval || a.unfenced_bytes >= settings.fence_bytes) &&
+        several_streams.load(std::memory_order_relaxed)) {
+      record_fence(a);
+      return;
+    }
+  }
+  if (a.fence_requested.load(std::memory_order_relaxed)) [[unlikely]] {
+    record_fence(a);
+  }
+}
+
+void stream_ordered_pool::request_fences() {
+  std::shared_lock lock(arenas_mutex);
+  for (auto& [key, a] : arenas) a->fence_requested.store(true, std::memory_order_relaxed);
+}
+
+void stream_ordered_pool::record_fence(arena& a) {
+  device_context_guard guard(device);  // the default streams are the current context's
+  if (a.fence == nullptr) GPUMEM_CU(cuEventCreate, &a.fence, CU_EVENT_DISABLE_TIMING);
+  GPUMEM_CU(cuEventRecord, a.fence, a.stream);
+  a.fenced_frees = a.frees;
+  a.unfenced_count = 0;
+  a.unfenced_bytes = 0;
+  a.fence_requested.store(false, std::memory_order_relaxed);
+}
+
+chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch,
+                                      bool unmapped) {
+  auto c = std::make_unique<chunk>();
+  c->base = base;
+  c->size = bytes;
+  chunk* raw = c.get();
+  {
+    std::unique_lock dir(chunks_mutex);
+    raw->owner = &a;
+    chunks.emplace(base, std::move(c));
+  }
+  std::lock_guard lock(a.lock);
+  block* b = a.slab.make();
+  b->address = base;
+  b->size = bytes;
+  b->owner = raw;
+  raw->first = b;
+  a.chunks.push_back(raw);
+  if (unmapped) {
+    b->unmapped = true;
+    a.unmapped.insert(b);
+  } else {
+    a.reserved_bytes += bytes;
+    free_into(a, b, epoch);
+  }
+  return raw;
+}
+
+chunk* stream_ordered_pool::chunk_of(std::uintptr_t address) const {
+  std::shared_lock dir(chunks_mutex);
+  auto it = chunks.upper_bound(address);
+  if (it == chunks.begin()) return nullptr;
+  --it;
+  return address < it->first + it->second->size ? it->second.get() : nullptr;
+}
+
+CUstream stream_ordered_pool::maintenance_stream() {
+  std::lock_guard lock(maintenance_mutex);
+  if (maintenance == nullptr) {
+    device_context_guard guard(device);
+    GPUMEM_CU(cuStreamCreate, &maintenance, CU_STREAM_NON_BLOCKING);
+  }
+  return maintenance;
+}
+
+// ---------------------------------------------------------------------------
+// Slow paths
+
+void* stream_ordered_pool::try_own(arena& a, const pool_request& r) {
+  std::lock_guard lock(a.lock);
+  block* b = a.free.find(r.need);
+  return b != nullptr ? carve(a, b, r.size, r.requested, r.alignment) : nullptr;
+}
+
+void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
+  // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
+  {
+    std::lock_guard lock(a.lock);
+    flush_quick(a);
+    if (a.fence_requested.load(std::memory_order_relaxed)) record_fence(a);  // another stream asked
+  }
+  if (void* p = try_own(a, r)) return p;
+  if (absorb_pending(a)) {
+    if (void* p = try_own(a, r)) return p;
+  }
+  // 2. Other streams' free memory the backing can take without growing or waiting.
+  if (settings.reuse_across_streams) {
+    if (void* p = backing->take_from_others(a, r, false)) return p;
+  }
+  // 3. and 4. run under growth_mutex: one thread at a time grows or gives memory
+  // back, so no thread releases memory another has just grown and not yet carved,
+  // and no thread fails against a maximum because another's growth is in flight.
+  std::lock_guard growing(growth_mutex);
+  if (void* p = try_own(a, r)) return p;  // another thread may have grown or freed meanwhile
+  // 3. More memory.
+  if (backing->grow(a, r.need, false)) {
+    if (void* p = try_own(a, r)) return p;
+  }
+  // 4. Memory is short: what other streams hold, waiting for their locks.
+  if (settings.reuse_across_streams) {
+    if (void* p = backing->take_from_others(a, r, true)) return p;
+  }
+  // 5. Make every free complete (one device synchronisation, off the hot path),
+  //    give free memory back, and try everything again.
+  synchronize_and_fence_everything();
+  if (void* p = try_own(a, r)) return p;
+  if (void* p = backing->take_from_others(a, r, true)) return p;
+  backing->give_back(true);
+  if (backing->grow(a, r.need, true)) {
+    if (void* p = try_own(a, r)) return p;
+  }
+  throw_out_of_memory(r.requested);
+}
+
+void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size_t bytes) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  arena* owner = nullptr;
+  {
+    std::shared_lock dir(chunks_mutex);
+    auto it = chunks.upper_bound(address);
+    if (it != chunks.begin()) {
+      --it;
+      if (address < it->first + it->second->size) owner = it->second->owner;
+    }
+  }
+  auto not_ours = [&] {
+    return logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
+                       " was not allocated by this pool, or was already freed");
+  };
+  if (owner == nullptr || owner == &caller) throw not_ours();  // caller's own live map missed it
+  {
+    std::lock_guard lock(owner->lock);
+    block* b = owner->live.find(address);
+    if (b == nullptr || b->cached) throw not_ours();
+    if (b->requested_bytes != bytes) {
+      throw logic_error(where("deallocate") + ": the allocation has " + std::to_string(b->requested_bytes) +
+                        " bytes, not " + std::to_string(bytes));
+    }
+  }
+  CUevent fence = nullptr;
+  {
+    // Order the free after the caller's stream's work so far.
+    std::lock_guard lock(caller.lock);
+    record_fence(caller);
+    fence = caller.fence;
+  }
+  std::lock_guard lock(owner->lock);
+  block* b = owner->live.find(address);
+  if (b == nullptr || b->cached) throw not_ours();  // freed by another thread meanwhile
+  owner->live.erase(address);
+  owner->used_bytes -= b->size;
+  owner->pending.push_back({b, fence, ++owner->pending_sequence});
+}
+
+void stream_ordered_pool::wait_for(arena& waiter, CUevent fence) {
+  if (fence == nullptr) return;  // never recorded: what it covers needed no wait
+  device_context_guard guard(device);
+  GPUMEM_CU(cuStreamWaitEvent, waiter.stream, fence, 0);
+}
+
+bool stream_ordered_pool::absorb_pending(arena& a) {
+  std::vector<CUevent> fences;
+  std::uint64_t upto = 0;
+  {
+    std::lock_guard lock(a.lock);
+    if (a.pending.empty()) return false;
+    upto = a.pending_sequence;
+    for (const auto& pf : a.pending) {
+      if (std::find(fences.begin(), fences.end(), pf.fence) == fences.end()) fences.push_back(pf.fence);
+    }
+  }
+  for (CUevent e : fences) wait_for(a, e);
+  std::lock_guard lock(a.lock);
+  bool absorbed = false;
+  for (std::size_t i = 0; i < a.pending.size();) {
+    if (a.pending[i].sequence <= upto) {
+      free_into(a, a.pending[i].freed, ++a.frees);
+      a.pending[i] = a.pending.back();
+      a.pending.pop_back();
+      absorbed = true;
+    } else {
+      ++i;
+    }
+  }
+  if (absorbed) record_fence(a);  // the absorbed blocks become usable by others too
+  return absorbed;
+}
+
+void stream_ordered_pool::synchronize_and_fence_everything() {
+  std::vector<std::tuple<arena*, std::uint64_t, std::uint64_t>> before;
+  {
+    std::shared_lock lock(arenas_mutex);
+    for (auto& [key, a] : arenas) {
+      std::lock_guard g(a->lock);
+      before.emplace_back(a.get(), a->frees, a->pending_sequence);
+    }
+  }
+  {
+    device_context_guard guard(device);
+    GPUMEM_CU(cuCtxSynchronize);
+  }
+  // Everything freed before the synchronisation is complete: fenced and settled.
+  for (auto [a, frees, pending_upto] : before) {
+    std::lock_guard g(a->lock);
+    flush_quick(*a);
+    a->fenced_frees = std::max(a->fenced_frees, frees);
+    a->settled_frees = std::max(a->settled_frees, frees);
+    for (std::size_t i = 0; i < a->pending.size();) {
+      if (a->pending[i].sequence <= pending_upto) {
+        free_into(*a, a->pending[i].freed, frees);
+        a->pending[i] = a->pending.back();
+        a->pending.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+}
+
+pool_totals stream_ordered_pool::collect() {
+  pool_totals s;
+  std::shared_lock lock(arenas_mutex);
+  for (auto& [key, a] : arenas) {
+    std::lock_guard g(a->lock);
+    flush_quick(*a);  // report coalesced blocks, as they are after any slow path
+    s.used_bytes += a->used_bytes;
+    s.reserved_bytes += a->reserved_bytes;
+    s.free_bytes += a->free.bytes();
+    s.free_blocks += a->free.count();
+    s.largest_free_block = std::max(s.largest_free_block, a->free.largest());
+    s.allocations += a->live.size();
+    s.chunks += a->chunks.size();
+    for (const auto& pf : a->pending) {
+      s.free_bytes += pf.freed->size;
+      ++s.free_blocks;
+    }
+  }
+  s.streams = arenas.size();
+  return s;
+}
+
+void stream_ordered_pool::throw_out_of_memory(std::size_t requested) {
+  const memory_info m = device_memory_info(device);
+  const std::string why = backing->shortage(requested);
+  throw out_of_memory({.requested_bytes = requested, .device = device, .resource = name,
+                       .resource_held_bytes = reserved_bytes.load(), .device_free_bytes = m.free_bytes,
+                       .device_total_bytes = m.total_bytes, .reason = why});
+}
+
+}  // namespace gpumem::detail

@@ -1,0 +1,242 @@
+// The stream-ordering engine both pools are built on (docs/pool.md, docs/vmm.md):
+// per-stream arenas of blocks carved from chunks, the hot path (a quick cache and
+// a good-fit index under one arena's lock), fences recorded on demand, frees made
+// on another stream than the allocation's, and the order of the slow path.
+//
+// Where memory comes from and where it goes back is the backing's business
+// (pool_backing below): pool_resource's backing takes chunks from an upstream
+// resource and moves whole free chunks between streams (pool_reclaim.cpp);
+// vmm_pool_resource's maps physical pages under address segments and moves pages
+// (src/vmm/page_backing.cpp). The engine calls the backing only on slow paths.
+//
+// Read arena.hpp's Note [Fencing frees on demand] first.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumem/capture_watch.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/memory_resource.hpp"
+#include "pool/arena.hpp"
+#include "stream_device.hpp"
+#include "text.hpp"
+
+namespace gpumem::detail {
+
+// What both pools' options share (pool_options, vmm_pool_options).
+struct stream_pool_settings {
+  bool reuse_across_streams = true;
+  bool quick_cache = true;
+  unsigned fence_interval = ~0U;
+  std::size_t fence_bytes = ~std::size_t{0};
+  bool refuse_capture = true;
+  bool watch_captures = false;
+};
+
+// One request on the slow path: `size` rounded to the granule, `need` with room
+// for an alignment above the granule.
+struct pool_request {
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  std::size_t alignment = 0;
+  std::size_t need = 0;
+};
+
+// How a pool gets memory and gives it back. Every hook runs off the hot path.
+class pool_backing {
+ public:
+  virtual ~pool_backing() = default;
+  // Memory other streams' arenas hold, without growing (slow path steps 2 and 4):
+  // carves the request and returns it, or null. `memory_short`: the pool cannot
+  // grow, so wait for other arenas' locks and take what is otherwise left alone.
+  virtual void* take_from_others(arena& a, const pool_request& r, bool memory_short) = 0;
+  // Makes a free block of at least `need` bytes exist in a's index (step 3). The
+  // growth mutex is held. `memory_short`: after a device synchronisation.
+  virtual bool grow(arena& a, std::size_t need, bool memory_short) = 0;
+  // Gives back to the device or the upstream what is free: all of it once the
+  // device was synchronised, else what the host has seen complete or fenced. The
+  // growth mutex is held. Returns bytes.
+  virtual std::size_t give_back(bool device_synchronized) = 0;
+  // The end of the out-of-memory message: what the pool holds and what limits it.
+  virtual std::string shortage(std::size_t requested) = 0;
+};
+
+struct pool_totals {
+  std::size_t used_bytes = 0;
+  std::size_t reserved_bytes = 0;
+  std::size_t free_bytes = 0;  // free blocks, mapped (paged pools: unmapped ones are not counted)
+  std::size_t free_blocks = 0;
+  std::size_t largest_free_block = 0;
+  std::size_t allocations = 0;
+  std::size_t chunks = 0;
+  std::size_t streams = 0;
+};
+
+class stream_ordered_pool {
+ public:
+  static constexpr std::size_t granule = std::size_t{1} << free_index::granule_shift;
+
+  // `name`: the resource in messages ("pool_resource").
+  stream_ordered_pool(const char* name, int device, stream_pool_settings settings);
+  ~stream_ordered_pool();
+  stream_ordered_pool(const stream_ordered_pool&) = delete;
+  stream_ordered_pool& operator=(const stream_ordered_pool&) = delete;
+
+  void set_backing(pool_backing* b) noexcept { backing = b; }
+
+  // ---- the hot path ----
+  void* allocate(std::size_t bytes, stream_view stream, std::size_t alignment);
+  void deallocate(void* ptr, std::size_t bytes, stream_view stream);
+
+  // ---- arenas ----
+  // `call` names the caller in the error for a new stream under capture.
+  arena& arena_for(stream_view s, const char* call = "allocate");
+  [[gnu::noinline]] arena& find_arena(std::uintptr_t key, stream_view s, const char* call);
+  arena& create_arena(std::uintptr_t key, CUstream s, const char* call = "allocate");
+  static std::uintptr_t key_of(CUstream s) noexcept;
+  std::vector<arena*> arenas_except(const arena* skip) const;
+
+  // ---- block operations; the arena's lock is held ----
+  void* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
+  void free_into(arena& a, block* b, std::uint64_t epoch);
+  void note_free(arena& a, std::size_t bytes);
+  void record_fence(arena& a);
+  void request_fences();  // every arena fences at its next free or slow path
+  void flush_quick(arena& a);
+  // A new record for the first `bytes` of `b`, linked before it in the chunk; `b`
+  // keeps the rest. The caller sets b's new size (through an index when b is in one).
+  static block* split_off_front(arena& a, block* b, std::size_t bytes);
+  // The good fit in a's index carved for the request, or null.
+  void* try_own(arena& a, const pool_request& r);
+
+  // ---- slow paths; no lock held on entry ----
+  void* allocate_slow(arena& a, const pool_request& r);
+  void deallocate_foreign(arena& caller, void* ptr, std::size_t bytes);
+  bool absorb_pending(arena& a);
+  // `fence`: an arena's fence event, read under that arena's lock (null: never
+  // recorded, so nothing to wait for).
+  void wait_for(arena& waiter, CUevent fence);
+  void synchronize_and_fence_everything();
+  // Every arena's blocks are coalesced (quick caches flushed) before they are read.
+  pool_totals collect();
+  [[noreturn]] void throw_out_of_memory(std::size_t requested);
+
+  // ---- chunks ----
+  // Registers a chunk owned by `a` whose whole range is one block (free and mapped
+  // with `epoch`, or, when `unmapped`, free addresses without memory).
+  chunk* add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch, bool unmapped = false);
+  // The chunk holding address, or null (chunks_mutex is taken).
+  chunk* chunk_of(std::uintptr_t address) const;
+  CUstream maintenance_stream();
+
+  // Messages: "gpumem::<name>::<call>: ...".
+  std::string where(const char* call) const { return std::string("gpumem::") + name + "::" + call; }
+
+  const char* const name;
+  const int device;
+  const stream_pool_settings settings;
+  const std::uint64_t id;
+  pool_backing* backing = nullptr;
+  std::unique_ptr<capture_watch> watch;  // held with settings.watch_captures
+  bool watched = false;                  // the watch started: stream_is_capturing may skip the query
+  bool periodic_fences = false;          // fence_interval or fence_bytes set (arena.hpp's note)
+
+  mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
+  std::unordered_map<std::uintptr_t, std::unique_ptr<arena>> arenas;
+  std::atomic<bool> several_streams{false};  // fences matter only once a second stream exists
+
+  // Lock order: arenas_mutex, then chunks_mutex, then arena locks (one at a time,
+  // except under growth_mutex, whose holder alone may hold two).
+  mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner
+  std::map<std::uintptr_t, std::unique_ptr<chunk>> chunks;  // by base address
+  std::atomic<std::size_t> reserved_bytes{0};  // what the backing holds
+
+  std::mutex growth_mutex;  // serialises growing and giving back
+  std::mutex maintenance_mutex;
+  CUstream maintenance = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// The hot path, inline so that each pool's do_allocate is one call deep.
+
+namespace pool_tls {
+// The last arena this thread used, so the hot path finds it with two compares.
+struct arena_cache {
+  std::uint64_t pool_id = 0;
+  std::uintptr_t key = 0;
+  arena* found = nullptr;
+};
+// initial-exec: a plain TLS load, not a __tls_get_addr call, on the hot path.
+extern thread_local arena_cache last_arena __attribute__((tls_model("initial-exec")));
+}  // namespace pool_tls
+
+inline arena& stream_ordered_pool::arena_for(stream_view s, const char* call) {
+  const std::uintptr_t key = key_of(s.handle());
+  const pool_tls::arena_cache& cache = pool_tls::last_arena;
+  if (cache.pool_id == id && cache.key == key) [[likely]] {
+    return *cache.found;
+  }
+  return find_arena(key, s, call);
+}
+
+inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  arena& a = arena_for(stream);  // first: a stream new to the pool is checked there
+  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) [[unlikely]] {
+    throw_capturing(name, "allocate", stream.handle());
+  }
+  const std::size_t size = (bytes + granule - 1) & ~(granule - 1);
+  const std::size_t need = alignment > granule ? size + alignment - granule : size;
+  {
+    std::lock_guard lock(a.lock);
+    if (block* b = a.quick.pop(size, alignment)) [[likely]] {
+      b->cached = false;
+      b->requested_bytes = bytes;
+      a.used_bytes += b->size;
+      return reinterpret_cast<void*>(b->address);
+    }
+    if (block* b = a.free.find(need)) [[likely]] {
+      return carve(a, b, size, bytes, alignment);
+    }
+  }
+  return allocate_slow(a, {.size = size, .requested = bytes, .alignment = alignment, .need = need});
+}
+
+inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream_view stream) {
+  arena& a = arena_for(stream, "deallocate");  // first, as in allocate
+  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) [[unlikely]] {
+    throw_capturing(name, "deallocate", stream.handle());
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  {
+    std::lock_guard lock(a.lock);
+    if (block* b = a.live.find(address); b != nullptr && !b->cached) [[likely]] {
+      if (b->requested_bytes != bytes) {
+        throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) + " has " +
+                          std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
+      }
+      a.used_bytes -= b->size;
+      const std::size_t size = b->size;
+      b->free_epoch = ++a.frees;
+      if (settings.quick_cache && a.quick.push(b)) {
+        b->cached = true;  // stays in `live` so the next allocation of its size skips the map
+      } else {
+        a.live.erase(address);
+        free_into(a, b, b->free_epoch);
+      }
+      note_free(a, size);
+      return;
+    }
+  }
+  deallocate_foreign(a, ptr, bytes);
+}
+
+}  // namespace gpumem::detail
