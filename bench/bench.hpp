@@ -28,13 +28,15 @@ enum class subject_kind { gpumem, peer, reference };
 struct subject {
   std::string_view name;
   subject_kind kind;
-  std::unique_ptr<memory_resource> (*make)(int device);
+  std::shared_ptr<memory_resource> (*make)(int device);
   bool (*available)(std::string& why) = nullptr;
 };
 
 // Every row this build knows, in table order (subjects.cpp).
 std::span<const subject> all_subjects();
 
+// The stack a program gets with GPUMEM_CONF unset (make_default_resource).
+inline constexpr std::string_view default_subject_name = "gpumem default";
 // Rows that a workload's notes compare by name (W2: pool_resource / malloc).
 inline constexpr std::string_view pool_subject_name = "gpumem pool_resource";
 inline constexpr std::string_view malloc_subject_name = "malloc (host reference)";

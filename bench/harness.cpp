@@ -118,7 +118,7 @@ std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t co
     // Destroyed in reverse order: the stream is drained (even when fn threw)
     // before the resource goes, and outlives it, since a resource may free into it.
     stream st(ctx.device, stream::flags::non_blocking);
-    std::unique_ptr<memory_resource> mr = s.make(ctx.device);
+    std::shared_ptr<memory_resource> mr = s.make(ctx.device);
     struct drain_on_exit {
       stream& st;
       ~drain_on_exit() {

@@ -7,6 +7,7 @@
 #include "bench.hpp"
 #include "gpumem/async_resource.hpp"
 #include "gpumem/cuda_resource.hpp"
+#include "gpumem/current_resource.hpp"
 #include "gpumem/managed_resource.hpp"
 #include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
@@ -19,17 +20,17 @@ namespace {
 
 // A gpumem resource whose constructor takes just the device.
 template <class Resource>
-std::unique_ptr<memory_resource> on_device(int device) {
+std::shared_ptr<memory_resource> on_device(int device) {
   return std::make_unique<Resource>(device);
 }
 
-std::unique_ptr<memory_resource> pool_over_cuda(int device) {
+std::shared_ptr<memory_resource> pool_over_cuda(int device) {
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device));
 }
 
 // The same pool without the per-call capture query (pool_options::refuse_capture):
 // what the check costs, for programs that never capture a stream the pool serves.
-std::unique_ptr<memory_resource> pool_without_capture_check(int device) {
+std::shared_ptr<memory_resource> pool_without_capture_check(int device) {
   pool_options o;
   o.refuse_capture = false;
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
@@ -38,33 +39,36 @@ std::unique_ptr<memory_resource> pool_without_capture_check(int device) {
 // The same pool learning of captures from the capture watch (capture_watch.hpp):
 // the check is one load while no capture is in progress. Where the watch cannot
 // start (no libcupti, a profiler holding CUPTI), this row is the default pool.
-std::unique_ptr<memory_resource> pool_watching_captures(int device) {
+std::shared_ptr<memory_resource> pool_watching_captures(int device) {
   pool_options o;
   o.watch_captures = true;
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
 }
 
-// The expandable pool with every request through its address-wide allocator
-// (vmm_pool_options::arena_max_bytes = 0): what the arenas change.
-std::unique_ptr<memory_resource> vmm_pool_without_arenas(int device) {
+// Exactly what a program gets when GPUMEM_CONF is unset (current_resource.hpp).
+std::shared_ptr<memory_resource> default_stack(int device) { return make_default_resource(device); }
+
+// The paged pool learning of captures from the capture watch, as the pool row above.
+std::shared_ptr<memory_resource> vmm_pool_watching_captures(int device) {
   vmm_pool_options o;
-  o.arena_max_bytes = 0;
-  return std::make_unique<vmm_pool_resource>(device, o);
+  o.watch_captures = true;
+  return std::make_shared<vmm_pool_resource>(device, o);
 }
 
 // Page-locked host memory, device-mapped (the default options): a host row,
 // skipped where a workload fills device memory (W4), like the malloc reference.
-std::unique_ptr<memory_resource> pinned_host(int device) {
+std::shared_ptr<memory_resource> pinned_host(int device) {
   return std::make_unique<pinned_host_resource>(pinned_options{}, device);
 }
 
 constexpr subject subjects[] = {
+    {default_subject_name, subject_kind::gpumem, &default_stack},
+    {"gpumem vmm_pool_resource (capture watch)", subject_kind::gpumem, &vmm_pool_watching_captures},
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
     {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check},
     {"gpumem pool_resource (capture watch)", subject_kind::gpumem, &pool_watching_captures},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
-    {"gpumem vmm_pool_resource (arenas off)", subject_kind::gpumem, &vmm_pool_without_arenas},
     {"gpumem async_resource", subject_kind::gpumem, &on_device<async_resource>},
     {"gpumem managed_resource", subject_kind::gpumem, &on_device<managed_resource>},
     {"gpumem pinned_host_resource", subject_kind::gpumem, &pinned_host},

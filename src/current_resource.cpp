@@ -12,6 +12,8 @@
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 
 namespace gpumem {
 namespace {
@@ -41,10 +43,16 @@ int resolve(int device, const char* where) {
 std::shared_ptr<memory_resource> make_default(int device) {
   const char* conf = std::getenv("GPUMEM_CONF");
   if (conf != nullptr && *conf != '\0') return make_resource_from_config(conf, device);
-  return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(device));
+  return make_default_resource(device);
 }
 
 }  // namespace
+
+std::shared_ptr<memory_resource> make_default_resource(int device) {
+  const int d = resolve(device, "gpumem::make_default_resource");
+  if (vmm::supported(d)) return std::make_shared<vmm_pool_resource>(d);
+  return std::make_shared<pool_resource>(std::make_shared<cuda_resource>(d));
+}
 
 std::shared_ptr<memory_resource> get_current_resource(int device) {
   const int d = resolve(device, "gpumem::get_current_resource");

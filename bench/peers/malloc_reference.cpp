@@ -35,7 +35,7 @@ class malloc_reference final : public memory_resource {
 
 }  // namespace
 
-std::unique_ptr<memory_resource> make_malloc_reference(int) {
+std::shared_ptr<memory_resource> make_malloc_reference(int) {
   return std::make_unique<malloc_reference>();
 }
 

@@ -12,15 +12,15 @@
 namespace gpumem::bench::peers {
 
 // cuMemAlloc / cuMemFree: what cudaMalloc / cudaFree cost (raw_cumemalloc.cpp).
-std::unique_ptr<memory_resource> make_raw_cumemalloc(int device);
+std::shared_ptr<memory_resource> make_raw_cumemalloc(int device);
 
 // cuMemAllocAsync / cuMemFreeAsync on the device's default pool, release
 // threshold UINT64_MAX (raw_cumemallocasync.cpp).
-std::unique_ptr<memory_resource> make_raw_cumemallocasync(int device);
+std::shared_ptr<memory_resource> make_raw_cumemallocasync(int device);
 
 // std::malloc / std::free on the host, whatever `device` is: the reference row
 // (malloc_reference.cpp), not a peer.
-std::unique_ptr<memory_resource> make_malloc_reference(int device);
+std::shared_ptr<memory_resource> make_malloc_reference(int device);
 
 // Makes `device`'s primary context current on the calling thread unless this
 // thread already did so, as the CUDA runtime does once per thread: the raw

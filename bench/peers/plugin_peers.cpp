@@ -153,7 +153,7 @@ bool plugin_peer_available(const char* file, const char* row, std::string& why) 
   return true;
 }
 
-std::unique_ptr<memory_resource> make_plugin_peer(const char* file, const char* row, int device) {
+std::shared_ptr<memory_resource> make_plugin_peer(const char* file, const char* row, int device) {
   const loaded& p = plugin_named(file);
   if (p.library == nullptr) throw cuda_error(CUDA_ERROR_NOT_FOUND, row, p.why);
   ensure_current_device(device);

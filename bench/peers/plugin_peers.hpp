@@ -15,7 +15,7 @@
 namespace gpumem::bench::peers {
 
 // A fresh allocator of `row` from the plugin library `file`, as a memory_resource.
-std::unique_ptr<memory_resource> make_plugin_peer(const char* file, const char* row, int device);
+std::shared_ptr<memory_resource> make_plugin_peer(const char* file, const char* row, int device);
 
 // Whether `row` of `file` can run here; when not, `why` says why.
 bool plugin_peer_available(const char* file, const char* row, std::string& why);
@@ -26,7 +26,7 @@ std::vector<std::string> loaded_peer_libraries();
 
 template <const char* File, const char* Row>
 struct plugin_row {
-  static std::unique_ptr<memory_resource> make(int device) { return make_plugin_peer(File, Row, device); }
+  static std::shared_ptr<memory_resource> make(int device) { return make_plugin_peer(File, Row, device); }
   static bool available(std::string& why) { return plugin_peer_available(File, Row, why); }
 };
 

@@ -40,7 +40,7 @@ class raw_cumemalloc final : public memory_resource {
 
 }  // namespace
 
-std::unique_ptr<memory_resource> make_raw_cumemalloc(int device) {
+std::shared_ptr<memory_resource> make_raw_cumemalloc(int device) {
   return std::make_unique<raw_cumemalloc>(device);
 }
 

@@ -61,7 +61,7 @@ class raw_cumemallocasync final : public memory_resource {
 
 }  // namespace
 
-std::unique_ptr<memory_resource> make_raw_cumemallocasync(int device) {
+std::shared_ptr<memory_resource> make_raw_cumemallocasync(int device) {
   return std::make_unique<raw_cumemallocasync>(device);
 }
 

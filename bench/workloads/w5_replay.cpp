@@ -177,7 +177,7 @@ class ballast {
 
  private:
   std::size_t bytes_ = 0;
-  std::unique_ptr<memory_resource> raw_;
+  std::shared_ptr<memory_resource> raw_;
   void* ptr_ = nullptr;
 };
 

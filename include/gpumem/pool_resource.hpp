@@ -20,7 +20,6 @@
 #include "gpumem/memory_resource.hpp"
 
 namespace gpumem {
-class vmm_pool_resource;
 namespace detail {
 struct pool_inspector;  // tests and fuzzers check the pool's invariants through it
 }
@@ -103,7 +102,6 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
                      std::size_t alignment) override;
 
   friend struct detail::pool_inspector;
-  friend class vmm_pool_resource;  // serves small requests through its arenas, without a second check
   struct impl;
   std::unique_ptr<impl> impl_;
 };

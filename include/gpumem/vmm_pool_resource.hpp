@@ -1,17 +1,17 @@
-// vmm_pool_resource: a stream-ordered pool that does not fail for fragmentation
-// (docs/vmm.md). One large address reservation per pool; physical memory in
-// handles sized to each growth, mapped on demand under the blocks handed out;
-// when the device has no physical memory left for a request, free handles from
-// anywhere in the pool are mapped under the request's addresses (their old
-// mappings are unmapped later, off the request's path), so an allocation fails
-// only if the device and the pool together lack the physical memory. Small
-// requests are served by per-stream arenas over ranges the pool lends them, and
-// a per-stream front serves a stream's repeated larger sizes, both without the
-// pool's lock.
+// vmm_pool_resource: gpumem's default resource, a stream-ordered pool that holds
+// little more than the live bytes and does not fail for fragmentation
+// (docs/vmm.md). Each stream carves its blocks from address segments with the
+// same engine and hot path as pool_resource; physical memory comes in pages
+// mapped under the blocks on demand. Free pages move, without a copy, to where a
+// request needs them (another range of the stream, or another stream), so
+// scattered free memory serves a large request and the pool asks the device for
+// more only when none of its own can move there. An allocation fails only when
+// the device (or maximum_bytes) and the pool's movable free pages together lack
+// the memory; the error says which.
 //
 // Memory is unmapped only once the host has seen the frees it covers complete
-// (events); the device is synchronised only when memory is short and the frees
-// in question were never fenced (as pool_resource does).
+// (events); another stream reuses a page after a device-side wait on the
+// freeing stream's fence; the device is synchronised only when memory is short.
 //
 // Thread safety: all members may be called concurrently.
 #pragma once
@@ -26,55 +26,57 @@
 #include "gpumem/memory_resource.hpp"
 
 namespace gpumem {
+namespace detail {
+struct pool_inspector;  // tests and fuzzers check the pool's invariants through it
+}
 
 struct vmm_pool_options {
-  // The mapping unit: every handle is a multiple of it, and a block's pages are
-  // mapped in whole units (0: the device's granularity, 2 MiB on H100/H200).
-  std::size_t chunk_bytes = 0;
-  // The largest physical handle the pool creates. Growth creates as few handles
-  // as it can (one per missing contiguous run, in pieces of at most this), since
-  // every driver call costs per handle, whatever its size. See docs/vmm.md,
-  // "Handle sizes".
-  std::size_t max_handle_bytes = std::size_t{1} << 30;
-  // Addresses reserved up front (0: twice the device's memory).
-  std::size_t address_bytes = 0;
-  // Free physical memory the pool keeps mapped; above it, fully free handles whose
-  // frees are complete go back to the device (checked every fence_interval frees
-  // and on trim()). Default: keep everything, as pool_resource does. With a
-  // threshold, every free takes the pool's lock (the per-stream fronts serve
-  // allocations only).
+  // The physical page: the unit mapped, moved between addresses and given back
+  // (0: the device's granularity, 2 MiB on H100/H200; else a multiple of it).
+  // Every VMM driver call costs per page, so larger pages map and move memory
+  // faster and share free memory more coarsely (docs/vmm.md, "Pages").
+  std::size_t page_bytes = 0;
+  // A hard cap on the physical memory the pool holds (0: none but the device).
+  // The out-of-memory error names it when it is what refused.
+  std::size_t maximum_bytes = 0;
+  // Addresses each stream's segment reserves (0: the device's memory). A stream
+  // reserves another segment only when none of its ranges is long enough.
+  std::size_t segment_bytes = 0;
+  // Free physical memory the pool keeps: above it, whole free pages whose frees
+  // are complete go back to the device, checked at growth and on trim().
+  // Default: keep it all (memory is given back when asked: trim(), release()).
   std::size_t release_threshold_bytes = std::numeric_limits<std::size_t>::max();
-  // Requests of at most this many bytes go to per-stream arenas (pool_resource's
-  // allocator: a hot path without the pool's lock, scaling with threads) over
-  // address ranges the pool lends them, whole ranges of at most arena_chunk_bytes.
-  // Larger requests, and every request when this is 0 or a release threshold is
-  // set, go to the pool's own address-wide allocator. See docs/vmm.md, "Arenas".
-  std::size_t arena_max_bytes = std::size_t{4} << 20;
-  std::size_t arena_chunk_bytes = std::size_t{32} << 20;
   // Devices besides the owner that get read/write access to the whole pool.
   std::vector<int> peer_devices;
-  bool posix_fd_shareable = false;
-  // Frees per stream between fence events when the pool serves several streams.
-  unsigned fence_interval = 32;
-  // Refuse allocate and deallocate on a stream being captured into a CUDA graph, as
-  // pool_resource does (docs/pool.md, "CUDA graphs"): one driver query per call on
-  // streams other than the legacy default.
+  // Pages made exportable to other processes as POSIX file descriptors (IPC:
+  // gpumem::export_allocation). On by default, so that the default resource's
+  // memory can be shared like any other kind; false makes private pages.
+  bool posix_fd_shareable = true;
+  // Pages free on one stream serve requests on others (settled ones at once,
+  // fenced ones when the device refuses more, after a device-side wait).
+  bool reuse_across_streams = true;
+  // As pool_options: quick cache, periodic fences, capture refusal and watch.
+  bool quick_cache = true;
+  unsigned fence_interval = std::numeric_limits<unsigned>::max();
+  std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
   bool refuse_capture = true;
-  // As pool_options::watch_captures (the arenas too).
   bool watch_captures = false;
 };
 
 struct vmm_pool_statistics {
-  std::size_t used_bytes = 0;         // handed out (256-byte granules)
-  std::size_t mapped_bytes = 0;       // physical memory the pool holds
-  std::size_t address_bytes = 0;      // reserved addresses
-  std::size_t largest_free_range = 0; // largest free address range (mapped or not)
+  std::size_t used_bytes = 0;          // handed out (256-byte granules)
+  std::size_t mapped_bytes = 0;        // physical memory the pool holds (pages)
+  std::size_t free_bytes = 0;          // mapped and not handed out
+  std::size_t address_bytes = 0;       // reserved addresses (every segment)
+  std::size_t largest_free_block = 0;  // mapped, usable without a driver call
   std::size_t allocations = 0;
-  std::size_t handles = 0;            // physical handles the pool holds
-  std::size_t handles_created = 0;    // cuMemCreate calls that succeeded, ever
-  std::size_t chunks_remapped = 0;    // free handles moved under another request, ever
-  std::size_t chunks_released = 0;   // handles given back to the device, ever
-  std::size_t stale_mappings = 0;     // old mappings of moved handles not yet unmapped
+  std::size_t pages = 0;               // physical pages held
+  std::size_t pages_created = 0;       // cuMemCreate calls that succeeded, ever
+  std::size_t pages_moved = 0;         // free pages mapped under another range, ever
+  std::size_t pages_revived = 0;       // pages taken back by a range they had left (no driver call), ever
+  std::size_t pages_released = 0;      // pages given back to the device, ever
+  std::size_t alias_pages = 0;         // old places of moved pages, still mapped (docs/vmm.md)
+  std::size_t streams = 0;
 };
 
 class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
@@ -82,23 +84,23 @@ class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
   explicit vmm_pool_resource(int device = 0, vmm_pool_options options = {});
   ~vmm_pool_resource() override;
 
-  // Gives back every fully free handle whose frees the host has seen complete
-  // (cuEventQuery: never waits), after unmapping the old mappings of moved
-  // handles. Returns bytes.
+  // Gives back every whole free page whose frees the host has seen complete
+  // (cuEventQuery: never waits), after unmapping the settled old places (aliases)
+  // of moved pages. Returns bytes.
   std::size_t trim();
   // The same, after fencing the frees made so far on `stream` (alive: the pool
   // records only on streams it is handed). Memory whose frees are still running
   // stays until a later trim.
   std::size_t trim(stream_view stream);
-  // Waits for the device once (cuCtxSynchronize), then gives back every fully free handle.
+  // Waits for the device once (cuCtxSynchronize), then gives back every whole free page.
   std::size_t release();
 
   // The physical pieces under [ptr, ptr + bytes) of a live allocation: each the
-  // address and size of one handle's whole mapping, in address order (a piece
-  // may begin before ptr or end after ptr + bytes: handles are sized to the
-  // growth that made them and may be shared with neighbouring blocks);
-  // cuMemRetainAllocationHandle on the address gives the handle, mapped there
-  // from offset 0. For exporting to other processes (IPC).
+  // address and size of one page (one handle, mapped whole from offset 0), in
+  // address order; the first may begin before ptr and the last end after
+  // ptr + bytes (pages are shared with neighbouring blocks).
+  // cuMemRetainAllocationHandle on a piece's address gives its handle. For
+  // exporting to other processes (IPC).
   struct physical_piece {
     std::uintptr_t address = 0;
     std::size_t bytes = 0;
@@ -107,12 +109,15 @@ class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
 
   vmm_pool_statistics statistics() const;
   const vmm_pool_options& options() const noexcept;
+  // The page size in use (options().page_bytes, or the device's granularity).
+  std::size_t page_bytes() const noexcept;
   resource_properties properties() const noexcept override;
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;
   void do_deallocate(void* ptr, std::size_t bytes, stream_view stream, std::size_t alignment) override;
 
+  friend struct detail::pool_inspector;
   struct impl;
   std::unique_ptr<impl> impl_;
 };

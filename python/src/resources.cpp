@@ -46,14 +46,17 @@ nb::dict statistics_dict(const vmm_pool_statistics& s) {
   nb::dict d;
   d["used_bytes"] = s.used_bytes;
   d["mapped_bytes"] = s.mapped_bytes;
+  d["free_bytes"] = s.free_bytes;
   d["address_bytes"] = s.address_bytes;
-  d["largest_free_range"] = s.largest_free_range;
+  d["largest_free_block"] = s.largest_free_block;
   d["allocations"] = s.allocations;
-  d["handles"] = s.handles;
-  d["handles_created"] = s.handles_created;
-  d["chunks_remapped"] = s.chunks_remapped;
-  d["chunks_released"] = s.chunks_released;
-  d["stale_mappings"] = s.stale_mappings;
+  d["pages"] = s.pages;
+  d["pages_created"] = s.pages_created;
+  d["pages_moved"] = s.pages_moved;
+  d["pages_revived"] = s.pages_revived;
+  d["pages_released"] = s.pages_released;
+  d["alias_pages"] = s.alias_pages;
+  d["streams"] = s.streams;
   return d;
 }
 
@@ -212,46 +215,47 @@ void bind_resources(nb::module_& m) {
   vmm_pool_options vmm_defaults;
   nb::class_<vmm_pool_resource, memory_resource>(
       m, "VmmPoolResource",
-      "A stream-ordered pool on CUDA virtual memory that does not fail for fragmentation "
-      "(docs/vmm.md).")
+      "gpumem's default resource: a stream-ordered pool on CUDA virtual memory that holds little "
+      "more than the live bytes and moves free pages where a request needs them (docs/vmm.md).")
       .def(
           "__init__",
-          [](vmm_pool_resource* self, std::optional<int> device, std::size_t chunk_bytes,
-             std::size_t max_handle_bytes, std::size_t address_bytes,
-             std::optional<std::size_t> release_threshold_bytes, std::size_t arena_max_bytes,
-             std::size_t arena_chunk_bytes, std::vector<int> peer_devices, bool posix_fd_shareable,
-             unsigned fence_interval, bool watch_captures) {
+          [](vmm_pool_resource* self, std::optional<int> device, std::size_t page_bytes,
+             std::size_t maximum_bytes, std::size_t segment_bytes,
+             std::optional<std::size_t> release_threshold_bytes, std::vector<int> peer_devices,
+             bool posix_fd_shareable, bool reuse_across_streams, bool quick_cache,
+             std::optional<unsigned> fence_interval, bool watch_captures) {
             vmm_pool_options o;
-            o.chunk_bytes = chunk_bytes;
-            o.max_handle_bytes = max_handle_bytes;
-            o.address_bytes = address_bytes;
+            o.page_bytes = page_bytes;
+            o.maximum_bytes = maximum_bytes;
+            o.segment_bytes = segment_bytes;
             if (release_threshold_bytes) o.release_threshold_bytes = *release_threshold_bytes;
-            o.arena_max_bytes = arena_max_bytes;
-            o.arena_chunk_bytes = arena_chunk_bytes;
             o.peer_devices = std::move(peer_devices);
             o.posix_fd_shareable = posix_fd_shareable;
-            o.fence_interval = fence_interval;
+            o.reuse_across_streams = reuse_across_streams;
+            o.quick_cache = quick_cache;
+            if (fence_interval) o.fence_interval = *fence_interval;
             o.watch_captures = watch_captures;
             const int d = device ? *device : current_device();
             nb::gil_scoped_release release;
             new (self) vmm_pool_resource(d, std::move(o));
           },
-          nb::arg("device") = nb::none(), nb::kw_only(), nb::arg("chunk_bytes") = vmm_defaults.chunk_bytes,
-          nb::arg("max_handle_bytes") = vmm_defaults.max_handle_bytes,
-          nb::arg("address_bytes") = vmm_defaults.address_bytes,
+          nb::arg("device") = nb::none(), nb::kw_only(), nb::arg("page_bytes") = vmm_defaults.page_bytes,
+          nb::arg("maximum_bytes") = vmm_defaults.maximum_bytes,
+          nb::arg("segment_bytes") = vmm_defaults.segment_bytes,
           nb::arg("release_threshold_bytes").none() = nb::none(),
-          nb::arg("arena_max_bytes") = vmm_defaults.arena_max_bytes,
-          nb::arg("arena_chunk_bytes") = vmm_defaults.arena_chunk_bytes,
           nb::arg("peer_devices") = std::vector<int>{},
           nb::arg("posix_fd_shareable") = vmm_defaults.posix_fd_shareable,
-          nb::arg("fence_interval") = vmm_defaults.fence_interval,
+          nb::arg("reuse_across_streams") = vmm_defaults.reuse_across_streams,
+          nb::arg("quick_cache") = vmm_defaults.quick_cache,
+          nb::arg("fence_interval").none() = nb::none(),
           nb::arg("watch_captures") = vmm_defaults.watch_captures,
           "A pool of `device` (None: the current device); the keywords are vmm_pool_options "
-          "(release_threshold_bytes None: keep all free memory).")
+          "(0: the default; release_threshold_bytes None: keep all free memory; fence_interval "
+          "None: fence only on demand).")
       .def("release", &release_memory<vmm_pool_resource>,
-           "Synchronizes the device once, then gives every fully free handle back. Returns bytes.")
+           "Synchronizes the device once, then gives every whole free page back. Returns bytes.")
       .def("trim", &trim_memory<vmm_pool_resource>, nb::arg("stream").none() = nb::none(),
-           "Gives back the fully free handles whose frees are complete, without blocking the host "
+           "Gives back the whole free pages whose frees are complete, without blocking the host "
            "(after fencing `stream`'s frees when one is given). Returns bytes.")
       .def("statistics", [](const vmm_pool_resource& p) {
              vmm_pool_statistics s;
@@ -261,8 +265,8 @@ void bind_resources(nb::module_& m) {
              }
              return statistics_dict(s);
            },
-           "used_bytes, mapped_bytes, address_bytes, largest_free_range, allocations, handles, "
-           "handles_created, chunks_remapped, chunks_released, stale_mappings.")
+           "used_bytes, mapped_bytes, free_bytes, address_bytes, largest_free_block, allocations, "
+           "pages, pages_created, pages_moved, pages_revived, pages_released, alias_pages, streams.")
       .def("__repr__", [](const vmm_pool_resource& p) {
         const vmm_pool_statistics s = p.statistics();
         return "<gpumem.VmmPoolResource device=" + std::to_string(p.properties().device) +

@@ -42,7 +42,8 @@ constexpr base_kind bases[] = {
     {"pool", base_id::pool},    // pool_resource over cuda_resource
     {"async", base_id::async},  // async_resource: the driver's stream-ordered allocator
     {"managed", base_id::managed},  // managed_resource: managed (unified) memory
-    {"vmm", base_id::vmm},      // vmm_pool_resource: a virtual-memory pool
+    {"vmm", base_id::vmm},      // vmm_pool_resource: the paged virtual-memory pool
+    {"default", base_id::vmm},  // what every device gets when GPUMEM_CONF is unset (vmm)
 };
 
 constexpr unsigned bit(base_id b) { return 1U << static_cast<unsigned>(b); }
@@ -60,7 +61,8 @@ struct option_kind {
 
 constexpr option_kind options[] = {
     {"initial", value_kind::size, bit(base_id::pool) | bit(base_id::async), "bytes the pool reserves at once"},
-    {"maximum", value_kind::size, bit(base_id::pool) | bit(base_id::async), "most bytes the pool may hold"},
+    {"maximum", value_kind::size, bit(base_id::pool) | bit(base_id::async) | bit(base_id::vmm),
+     "most bytes the pool may hold (the budget)"},
     {"min_chunk", value_kind::size, bit(base_id::pool), "smallest upstream request of the pool"},
     {"max_chunk", value_kind::size, bit(base_id::pool), "largest upstream request of the pool"},
     {"release_threshold", value_kind::size, bit(base_id::async) | bit(base_id::vmm),
@@ -124,8 +126,10 @@ std::string known_options() {
 // "pool", "pool or async", "pool, async or vmm": the bases an option applies to.
 std::string bases_taking(unsigned applies) {
   std::vector<std::string_view> names;
+  unsigned named = 0;
   for (const auto& b : bases) {
-    if ((applies & bit(b.id)) != 0) names.push_back(b.name);
+    if ((applies & bit(b.id)) != 0 && (named & bit(b.id)) == 0) names.push_back(b.name);  // not "default" again
+    named |= bit(b.id);
   }
   std::string s;
   for (std::size_t k = 0; k < names.size(); ++k) {
@@ -313,6 +317,7 @@ std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf
       case base_id::vmm: {
         // The pool maps physical memory itself: no resource under it to wrap or to log.
         vmm_pool_options o;
+        if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
         if (p.release_threshold) o.release_threshold_bytes = resolve(*p.release_threshold, total);
         r = std::make_shared<vmm_pool_resource>(d, std::move(o));
         break;

@@ -27,11 +27,12 @@ struct block {
   std::uint64_t free_epoch = 0;
   bool free = false;    // in the free index
   bool cached = false;  // freed into the arena's quick cache (not free, not live)
-  // Paged pools only (src/vmm/page_backing.hpp): free addresses without physical
-  // memory, in the arena's `unmapped` index; or the old mapping of pages moved
-  // elsewhere, waiting to be unmapped (neither free nor live).
+  // Paged pools only (Note [Pages under the blocks], src/vmm/page_blocks.cpp):
+  // free addresses without physical memory, in the arena's `unmapped` index; or
+  // an alias, the old mapping of pages moved elsewhere, kept so that the range
+  // can take them back without a driver call (neither free nor live).
   bool unmapped = false;
-  bool stale = false;
+  bool alias = false;
 };
 
 struct chunk {

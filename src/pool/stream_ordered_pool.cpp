@@ -141,7 +141,7 @@ void* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::size
 // Marks `b` free and coalesces it with free neighbours (the same chunk's, so the
 // same arena's). The lower free neighbour, or else the upper one, absorbs it and
 // keeps its record and mostly its place in the index (see carve). Unmapped and
-// stale neighbours (paged pools) are not free: they never merge here.
+// alias neighbours (paged pools) are not free: they never merge here.
 void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
   b->free = true;
   b->free_epoch = epoch;
@@ -220,10 +220,11 @@ void stream_ordered_pool::record_fence(arena& a) {
 }
 
 chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch,
-                                      bool unmapped) {
+                                      std::size_t page_bytes) {
   auto c = std::make_unique<chunk>();
   c->base = base;
   c->size = bytes;
+  if (page_bytes != 0) c->pages.assign(bytes / page_bytes, 0);
   chunk* raw = c.get();
   {
     std::unique_lock dir(chunks_mutex);
@@ -237,7 +238,7 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
   b->owner = raw;
   raw->first = b;
   a.chunks.push_back(raw);
-  if (unmapped) {
+  if (page_bytes != 0) {
     b->unmapped = true;
     a.unmapped.insert(b);
   } else {
@@ -274,6 +275,7 @@ void* stream_ordered_pool::try_own(arena& a, const pool_request& r) {
 }
 
 void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
+  if (r.need > backing->largest_possible()) throw_out_of_memory(r.requested);
   // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
   {
     std::lock_guard lock(a.lock);
@@ -306,7 +308,7 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   synchronize_and_fence_everything();
   if (void* p = try_own(a, r)) return p;
   if (void* p = backing->take_from_others(a, r, true)) return p;
-  backing->give_back(true);
+  backing->before_last_growth();
   if (backing->grow(a, r.need, true)) {
     if (void* p = try_own(a, r)) return p;
   }

@@ -66,8 +66,14 @@ class pool_backing {
   // device was synchronised, else what the host has seen complete or fenced. The
   // growth mutex is held. Returns bytes.
   virtual std::size_t give_back(bool device_synchronized) = 0;
+  // Step 5, after the device synchronisation and before the last growth: makes
+  // the free memory usable for it (pool_resource gives every fully free chunk
+  // back to the upstream, so that it can come back as one).
+  virtual void before_last_growth() { give_back(true); }
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
+  // Requests that need more than this fail at once, without a device synchronisation.
+  virtual std::size_t largest_possible() const { return ~std::size_t{0}; }
 };
 
 struct pool_totals {
@@ -131,9 +137,11 @@ class stream_ordered_pool {
   [[noreturn]] void throw_out_of_memory(std::size_t requested);
 
   // ---- chunks ----
-  // Registers a chunk owned by `a` whose whole range is one block (free and mapped
-  // with `epoch`, or, when `unmapped`, free addresses without memory).
-  chunk* add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch, bool unmapped = false);
+  // Registers a chunk owned by `a` whose whole range is one block: free and mapped
+  // with `epoch`; or, given `page_bytes` (a paged pool's segment), free addresses
+  // without memory, with a slot per page for its handle. Takes a's lock.
+  chunk* add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch,
+                   std::size_t page_bytes = 0);
   // The chunk holding address, or null (chunks_mutex is taken).
   chunk* chunk_of(std::uintptr_t address) const;
   CUstream maintenance_stream();

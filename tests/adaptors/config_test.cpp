@@ -64,7 +64,7 @@ TEST(Config, ErrorsNameTheBadToken) {
   EXPECT_NE(error_of("pool,stats=1").find("takes no value"), std::string::npos);
   EXPECT_NE(error_of("pool,,stats").find("empty option"), std::string::npos);
   EXPECT_NE(error_of("").find("empty"), std::string::npos);
-  EXPECT_NE(error_of("heap").find("unknown base resource \"heap\" (known: cuda, pool, async, managed, vmm)"),
+  EXPECT_NE(error_of("heap").find("unknown base resource \"heap\" (known: cuda, pool, async, managed, vmm, default)"),
             std::string::npos);
   EXPECT_NE(error_of("initial=1G").find("first token must name a base resource"), std::string::npos);
   EXPECT_NE(error_of("pool,log=").find("needs a path"), std::string::npos);
@@ -74,12 +74,22 @@ TEST(Config, ErrorsNameTheBadToken) {
   EXPECT_THROW(make_resource_from_config("pool,bogus", 0), logic_error);
 }
 
+TEST(Config, TheDefaultBaseIsThePagedPoolWithABudget) {
+  // GPUMEM_CONF=default,maximum=...: the stack a program gets unset, with a hard cap.
+  auto r = make_resource_from_config("default,maximum=25%", 0);
+  auto* vmm = dynamic_cast<vmm_pool_resource*>(r.get());
+  ASSERT_NE(vmm, nullptr);
+  EXPECT_EQ(vmm->options().maximum_bytes, device_memory_info(0).total_bytes / 4);
+  auto m = make_resource_from_config("vmm,maximum=1G", 0);
+  EXPECT_EQ(dynamic_cast<vmm_pool_resource*>(m.get())->options().maximum_bytes, std::size_t{1} << 30);
+}
+
 TEST(Config, OptionsABaseDoesNotTakeAreRefused) {
   const struct {
     const char* conf;
     const char* message;
   } refused[] = {
-      {"vmm,maximum=1G", "option \"maximum=1G\" applies to pool or async, not to base \"vmm\""},
+      {"cuda,maximum=1G", "option \"maximum=1G\" applies to pool, async or vmm, not to base \"cuda\""},
       {"vmm,initial=64M", "option \"initial=64M\" applies to pool or async, not to base \"vmm\""},
       {"vmm,min_chunk=2M", "option \"min_chunk=2M\" applies to pool, not to base \"vmm\""},
       {"async,max_chunk=1G", "option \"max_chunk=1G\" applies to pool, not to base \"async\""},
@@ -350,7 +360,7 @@ TEST(Config, TheDefaultCurrentResourceFollowsGpumemConf) {
   {
     scoped_env conf("GPUMEM_CONF", "");
     set_current_resource(0, nullptr);
-    EXPECT_NE(dynamic_cast<pool_resource*>(get_current_resource(0).get()), nullptr) << "empty: the default";
+    EXPECT_NE(dynamic_cast<vmm_pool_resource*>(get_current_resource(0).get()), nullptr) << "empty: the default";
   }
   set_current_resource(0, before);
 }

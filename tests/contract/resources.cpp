@@ -11,6 +11,9 @@
 #include "gpumem/async_resource.hpp"
 #include "gpumem/config.hpp"
 #include "gpumem/cuda_resource.hpp"
+#include "gpumem/current_resource.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/managed_resource.hpp"
 #include "gpumem/pinned_host_resource.hpp"
 #include "gpumem/pool_resource.hpp"
@@ -104,12 +107,23 @@ const std::vector<resource_factory>& all_resources() {
          return std::make_shared<pinned_host_resource>(
              pinned_options{.portable = true, .device_mapped = true, .write_combined = true}, device);
        }},
-      // Virtual memory (docs/vmm.md): an expandable pool; small requests in its arenas by default.
+      // Virtual memory (docs/vmm.md): the paged pool, gpumem's default.
       {"vmm_pool_resource", [](int device) { return std::make_shared<vmm_pool_resource>(device); }},
-      // Every request through the address-wide allocator and its per-stream fronts.
-      {"vmm_pool_resource_without_arenas", [](int device) {
+      {"default_resource", [](int device) { return make_default_resource(device); }},
+      // Pages of four granules, segments of 64 MiB (a stream reserves several), a budget.
+      {"vmm_pool_resource_large_pages_small_segments", [](int device) {
          vmm_pool_options o;
-         o.arena_max_bytes = 0;
+         o.page_bytes = 4 * vmm::granularity(device);
+         o.segment_bytes = std::size_t{64} << 20;
+         o.maximum_bytes = device_memory_info(device).total_bytes / 2;
+         return std::make_shared<vmm_pool_resource>(device, o);
+       }},
+      // No quick cache, no reuse across streams, everything given back above nothing.
+      {"vmm_pool_resource_no_cache_no_sharing_no_threshold", [](int device) {
+         vmm_pool_options o;
+         o.quick_cache = false;
+         o.reuse_across_streams = false;
+         o.release_threshold_bytes = 0;
          return std::make_shared<vmm_pool_resource>(device, o);
        }},
       {"vmm_pool_resource_watching_captures", [](int device) {
@@ -120,7 +134,6 @@ const std::vector<resource_factory>& all_resources() {
       {"vmm_pool_resource_fence_every_free", [](int device) {
          vmm_pool_options o;
          o.fence_interval = 1;
-         o.release_threshold_bytes = 0;
          return std::make_shared<vmm_pool_resource>(device, o);
        }},
   };

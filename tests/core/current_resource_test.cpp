@@ -9,15 +9,16 @@
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
 namespace {
 
-TEST(CurrentResource, DefaultIsAPoolOfTheDevice) {
+TEST(CurrentResource, DefaultIsThePagedPoolOfTheDevice) {
   auto r = get_current_resource(0);
   ASSERT_NE(r, nullptr);
-  EXPECT_NE(dynamic_cast<pool_resource*>(r.get()), nullptr);
+  EXPECT_NE(dynamic_cast<vmm_pool_resource*>(r.get()), nullptr) << "make_default_resource: the frugal pool";
   EXPECT_EQ(r->properties().device, 0);
   EXPECT_EQ(get_current_resource(0), r) << "made once";
   stream s(0);

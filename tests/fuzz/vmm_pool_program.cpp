@@ -1,6 +1,7 @@
 // run_vmm_pool_program (vmm_pool_program.hpp).
 #include "fuzz/vmm_pool_program.hpp"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,7 +10,9 @@
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "pool/pool_inspector.hpp"
 
 namespace gpumem::test {
 namespace {
@@ -21,11 +24,13 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
   program_reader in(data, size);
   vmm_pool_options o;
-  const std::size_t arena_max[] = {0, 64 << 10, 4 * MiB};
-  o.arena_max_bytes = arena_max[in.byte() % 3];
-  o.arena_chunk_bytes = (2 * MiB) << (in.byte() % 5);  // 2 .. 32 MiB
-  o.max_handle_bytes = (2 * MiB) << (in.byte() % 10);  // 2 MiB .. 1 GiB
-  o.fence_interval = 1 + in.byte() % 32;
+  const std::size_t granule = vmm::granularity(0);
+  o.page_bytes = granule << (in.byte() % 3);  // 1, 2 or 4 granules
+  if (in.byte() % 2 == 0) o.segment_bytes = (64 * MiB) << (in.byte() % 4);  // several segments per stream
+  if (in.byte() % 4 == 0) o.maximum_bytes = (256 * MiB) << (in.byte() % 4);
+  if (in.byte() % 2 == 0) o.fence_interval = 1 + in.byte() % 32;
+  o.quick_cache = in.byte() % 4 != 0;
+  o.reuse_across_streams = in.byte() % 4 != 0;
   if (in.byte() % 4 == 0) o.release_threshold_bytes = static_cast<std::size_t>(in.byte() % 4) * 16 * MiB;
   // The driver keeps some device memory for what a process makes first (its
   // streams, its first events): made once here, before the count starts.
@@ -50,6 +55,8 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
       if (st.allocations != live.size()) return "statistics count the wrong number of allocations";
       if (st.used_bytes != used) return "statistics give the wrong used bytes";
       if (st.used_bytes > st.mapped_bytes) return "more used than mapped";
+      if (o.maximum_bytes != 0 && st.mapped_bytes > o.maximum_bytes) return "the pool holds more than maximum_bytes";
+      if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return v;
       return {};
     };
     for (int step = 0; !in.empty() && step < 300; ++step) {
@@ -61,11 +68,27 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
         void* p = nullptr;
         try {
           p = pool.allocate(bytes, s, alignment);
-        } catch (const out_of_memory&) {
+        } catch (const out_of_memory& e) {
+          // Frugal by default: a failure is allowed only where the pages the live
+          // allocations can pin (each rounded out to whole pages, plus one page it may
+          // share) and the request's would not fit what the device had free.
+          const std::size_t page = pool.page_bytes();
+          std::size_t pinned = (bytes + alignment + page - 1) / page + 1;
+          for (const auto& [a, al] : live) pinned += (al.bytes + page - 1) / page + 1;
+          const std::size_t capacity = std::min(o.maximum_bytes != 0 ? o.maximum_bytes : device_free_before,
+                                                device_free_before) / page;
+          if (o.reuse_across_streams && pinned <= capacity) {
+            return "an allocation of " + std::to_string(bytes) + " bytes failed with room for it: " + e.what();
+          }
           continue;
         }
         if (std::string bad = model.add(p, bytes, alignment); !bad.empty()) return bad;
-        if (pool.physical_pieces(p, bytes).empty()) return "a live allocation has no physical pieces";
+        const auto pieces = pool.physical_pieces(p, bytes);
+        if (pieces.empty()) return "a live allocation has no physical pieces";
+        if (pieces.front().address > reinterpret_cast<std::uintptr_t>(p) ||
+            pieces.back().address + pieces.back().bytes < reinterpret_cast<std::uintptr_t>(p) + bytes) {
+          return "the physical pieces do not cover the allocation";
+        }
       } else if (op <= 5 && !order.empty()) {  // free, on any stream; sometimes a wrong size first
         const std::size_t k = in.u16() % order.size();
         const program_allocation al = live.at(order[k]);
@@ -105,7 +128,8 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     pool.release();
     const vmm_pool_statistics st = pool.statistics();
     if (st.allocations != 0 || st.used_bytes != 0) return "allocations left after freeing everything";
-    if (st.mapped_bytes != 0 || st.handles != 0) return "release() kept physical memory with nothing live";
+    if (st.mapped_bytes != 0 || st.pages != 0) return "release() kept physical memory with nothing live";
+    if (st.alias_pages != 0) return "release() left aliases mapped";
   }
   const std::size_t device_free_after = device_memory_info(0).free_bytes;
   if (device_free_after != device_free_before) {

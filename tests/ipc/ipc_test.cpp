@@ -373,7 +373,9 @@ TEST(Ipc, MemoryThatCannotBeSharedSaysWhatToConfigure) {
   expect_not_exportable([&] { gpumem::export_allocation(a, 4096); }, "posix_file_descriptor");
   private_pool.deallocate(a, 4096, s);
 
-  gpumem::vmm_pool_resource private_vmm{0};
+  gpumem::vmm_pool_options private_pages;
+  private_pages.posix_fd_shareable = false;
+  gpumem::vmm_pool_resource private_vmm{0, private_pages};
   void* v = private_vmm.allocate(4096, s);
   expect_not_exportable([&] { gpumem::export_allocation(private_vmm, v, 4096); }, "posix_fd_shareable");
   expect_not_exportable([&] { gpumem::export_allocation(v, 4096); }, "posix_fd_shareable");

@@ -157,7 +157,7 @@ def test_reset_drops_the_default_resource_numba_s_device_reset_destroys():
     m.reset()
     assert default.statistics()["allocations"] == 0
     fresh = gpumem.get_current_resource(0)
-    assert fresh is not default and isinstance(fresh, gpumem.PoolResource)
+    assert fresh is not default and isinstance(fresh, gpumem.VmmPoolResource)
     del held
     again = m.memalloc(4096)  # from the new default
     assert fresh.statistics()["allocations"] == 1

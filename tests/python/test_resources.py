@@ -7,10 +7,9 @@ import pytest
 import gpumem
 
 
-def test_default_current_resource_is_a_pool_over_cuda_memory():
+def test_default_current_resource_is_the_paged_pool():
     r = gpumem.get_current_resource(0)
-    assert isinstance(r, gpumem.PoolResource)
-    assert isinstance(r.upstream, gpumem.CudaResource)
+    assert isinstance(r, gpumem.VmmPoolResource)
     assert r is gpumem.get_current_resource()  # None: the current device, 0 here
     p = r.properties
     assert (p.device, p.device_accessible, p.host_accessible, p.thread_safe) == (0, True, False, True)
@@ -24,7 +23,7 @@ def test_set_current_resource_returns_the_previous_and_none_restores_a_default()
         assert gpumem.DeviceBuffer(100).resource is mine
         assert gpumem.set_current_resource(None, 0) is mine
         fresh = gpumem.get_current_resource(0)
-        assert isinstance(fresh, gpumem.PoolResource) and fresh is not mine
+        assert isinstance(fresh, gpumem.VmmPoolResource) and fresh is not mine
     finally:
         gpumem.set_current_resource(previous, 0)
     assert gpumem.get_current_resource(0) is previous
@@ -177,11 +176,11 @@ def test_sim_counts_device_memory():
 
 def test_vmm_pool_small_and_large_allocations_statistics_and_release():
     pool = gpumem.VmmPoolResource(0)
-    small = gpumem.DeviceBuffer(1000, resource=pool)  # served by the pool's arenas
-    large = gpumem.DeviceBuffer(8 << 20, resource=pool)  # by its address-wide allocator
+    small = gpumem.DeviceBuffer(1000, resource=pool)  # shares a page with the next block
+    large = gpumem.DeviceBuffer(8 << 20, resource=pool)
     s = pool.statistics()
     assert s["allocations"] == 2 and s["used_bytes"] == 1024 + (8 << 20)
-    assert s["mapped_bytes"] >= s["used_bytes"] and s["handles"] >= 2
+    assert s["mapped_bytes"] >= s["used_bytes"] and s["pages"] >= 4 and s["pages_created"] == s["pages"]
     with pytest.raises(gpumem.LogicError):
         pool.deallocate(small.ptr, 999)
     with pytest.raises(gpumem.LogicError):
@@ -196,7 +195,7 @@ def test_vmm_pool_small_and_large_allocations_statistics_and_release():
 
 
 def test_vmm_pool_as_the_current_resource_and_memory_info():
-    pool = gpumem.VmmPoolResource(0, arena_max_bytes=0, release_threshold_bytes=64 << 20)
+    pool = gpumem.VmmPoolResource(0, maximum_bytes=1 << 30, release_threshold_bytes=64 << 20)
     previous = gpumem.set_current_resource(pool, 0)
     try:
         b = gpumem.DeviceBuffer(3 << 20)
@@ -211,5 +210,7 @@ def test_vmm_pool_as_the_current_resource_and_memory_info():
 def test_bad_vmm_pool_options_are_logic_errors():
     with pytest.raises(gpumem.LogicError, match="fence_interval"):
         gpumem.VmmPoolResource(0, fence_interval=0)
-    with pytest.raises(gpumem.LogicError, match="arena_max_bytes"):
-        gpumem.VmmPoolResource(0, arena_max_bytes=1 << 62)
+    with pytest.raises(gpumem.LogicError, match="page_bytes"):
+        gpumem.VmmPoolResource(0, page_bytes=3 << 20)
+    with pytest.raises(gpumem.LogicError, match="maximum_bytes"):
+        gpumem.VmmPoolResource(0, maximum_bytes=1 << 20)

@@ -1,8 +1,9 @@
 // vmm_pool_resource beyond the shared contract: the W4 fragmentation scenario,
-// handles sized to the need, moving free handles (with their old mappings
-// unmapped later) without ever aliasing a live block, unmapping only after the
-// frees complete, the per-stream front and its stream ordering, trim and the
-// release threshold, peer access, out-of-memory reasons, many threads.
+// pages mapped under blocks on demand, growth by the fewest pages, free pages
+// moved before new ones are made (their old mappings unmapped only once their
+// frees are complete) without ever aliasing a live block, reuse across streams
+// after fences, the budget, trim and the release threshold, peer access,
+// out-of-memory reasons, many threads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,14 +24,6 @@ namespace gpumem::test {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-// The address-wide allocator and its fronts alone: the tests of its placement,
-// handles and fronts use small sizes, which the arenas would otherwise serve.
-vmm_pool_options without_arenas() {
-  vmm_pool_options o;
-  o.arena_max_bytes = 0;
-  return o;
-}
 
 class VmmPool : public ::testing::Test {
  protected:
@@ -67,7 +60,7 @@ TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
   device_fill(big, quarter, 0x4E, s);
   EXPECT_EQ(device_count_mismatches(big, quarter, 0x4E, s), 0U);
   pool.deallocate(big, quarter, s);
-  EXPECT_GT(pool.statistics().chunks_remapped, 0U);
+  EXPECT_GT(pool.statistics().pages_moved, 0U);
   // The largest allocation that succeeds (bisection in MiB).
   std::size_t lo = 0, hi = (available - live) / MiB + 1;
   while (hi - lo > 1) {
@@ -87,65 +80,18 @@ TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
   }
 }
 
-TEST_F(VmmPool, HandlesAreSizedToTheNeed) {
-  vmm_pool_resource pool(0);
-  const std::size_t g = vmm::granularity(0);
-  void* p = pool.allocate(64 * MiB, s);
-  EXPECT_EQ(pool.statistics().handles, 1U) << "one handle for one contiguous growth";
-  auto pieces = pool.physical_pieces(p, 64 * MiB);
-  ASSERT_EQ(pieces.size(), 1U);
-  EXPECT_EQ(pieces[0].address, reinterpret_cast<std::uintptr_t>(p));
-  EXPECT_EQ(pieces[0].bytes, 64 * MiB);
-  // A small block next to it: its own handle of one mapping unit; the pieces of
-  // an allocation are whole mappings that cover it.
-  void* q = pool.allocate(1000, s);
-  pieces = pool.physical_pieces(q, 1000);
-  ASSERT_EQ(pieces.size(), 1U);
-  EXPECT_LE(pieces[0].address, reinterpret_cast<std::uintptr_t>(q));
-  EXPECT_GE(pieces[0].address + pieces[0].bytes, reinterpret_cast<std::uintptr_t>(q) + 1000);
-  EXPECT_EQ(pieces[0].bytes % g, 0U);
-  pool.deallocate(q, 1000, s);
-  pool.deallocate(p, 64 * MiB, s);
-
-  // With a smaller largest handle, a growth is cut into pieces of that size, in address order.
-  vmm_pool_options o;
-  o.max_handle_bytes = 16 * MiB;
-  vmm_pool_resource small(0, o);
-  void* r = small.allocate(40 * MiB, s);
-  pieces = small.physical_pieces(r, 40 * MiB);
-  ASSERT_EQ(pieces.size(), 3U);
-  std::uintptr_t at = reinterpret_cast<std::uintptr_t>(r);
-  std::size_t sum = 0;
-  for (const auto& pc : pieces) {
-    EXPECT_EQ(pc.address, at);
-    EXPECT_LE(pc.bytes, 16 * MiB);
-    at += pc.bytes;
-    sum += pc.bytes;
-  }
-  EXPECT_EQ(sum, 40 * MiB);
-  // Each piece's address names its handle.
-  detail::device_context_guard guard(0);
-  for (const auto& pc : pieces) {
-    CUmemGenericAllocationHandle h = 0;
-    ASSERT_EQ(detail::driver().cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(pc.address)), CUDA_SUCCESS);
-    EXPECT_NE(h, 0U);
-    ASSERT_EQ(detail::driver().cuMemRelease(h), CUDA_SUCCESS);
-  }
-  small.deallocate(r, 40 * MiB, s);
-}
-
 // The W4 scenario at small scale, with a pattern in every live block: moving
-// free handles under a request (their old mappings unmapped only later) never
+// free pages under a request (their old mappings unmapped only later) never
 // hands out memory that a live block uses. On the simulator the same physical
 // pages really are mapped at both addresses, so aliasing shows as corruption.
-TEST_F(VmmPool, MovedHandlesNeverAliasLiveBlocks) {
+TEST_F(VmmPool, MovedPagesNeverAliasLiveBlocks) {
   vmm_pool_resource pool(0);
   const std::size_t total = device_memory_info(0).total_bytes;
   constexpr std::size_t block = 16 * MiB;
   std::vector<void*> held;
   while ((held.size() + 1) * block <= total * 9 / 10) held.push_back(pool.allocate(block, s));
-  // A handle moves whole, so an alias overwrites a whole block: a window at each
-  // end of every live block is enough to see it.
+  // A page moved wrongly would overwrite a live block's page: a window at each
+  // end of every live block (where blocks share pages) and its middle show it.
   constexpr std::size_t window = 64 * 1024;
   std::vector<std::pair<void*, std::uint8_t>> live;
   for (std::size_t i = 0; i < held.size(); ++i) {
@@ -167,9 +113,7 @@ TEST_F(VmmPool, MovedHandlesNeverAliasLiveBlocks) {
   };
   const std::size_t quarter = total / 4;
   void* big = pool.allocate(quarter, s);
-  auto st = pool.statistics();
-  EXPECT_GT(st.chunks_remapped, 0U);
-  EXPECT_GT(st.stale_mappings, 0U) << "the old mappings of moved handles are unmapped later, not in the request";
+  EXPECT_GT(pool.statistics().pages_moved, 0U);
   device_fill(big, quarter, 0xEE, s);
   check_live("after the remapped request was written");
   EXPECT_EQ(device_count_mismatches(big, quarter, 0xEE, s), 0U);
@@ -187,7 +131,7 @@ TEST_F(VmmPool, MovedHandlesNeverAliasLiveBlocks) {
     pool.deallocate(p, n, s);
   }
   pool.deallocate(big, quarter, s);
-  // A second large request moves handles again: the first one's old mappings go first.
+  // A second large request moves pages again.
   void* big2 = pool.allocate(quarter + 8 * MiB, s);
   device_fill(big2, quarter + 8 * MiB, 0x77, s);
   check_live("after a second remapped request");
@@ -196,13 +140,13 @@ TEST_F(VmmPool, MovedHandlesNeverAliasLiveBlocks) {
   pool.trim(s);
   s.synchronize();
   pool.trim();
-  EXPECT_EQ(pool.statistics().stale_mappings, 0U);
+  EXPECT_EQ(pool.statistics().alias_pages, 0U);
   check_live("after trim");
   for (auto [p, v] : live) pool.deallocate(p, block, s);
 }
 
-TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
-  vmm_pool_resource pool(0, without_arenas());
+TEST_F(VmmPool, ReusesOnTheFreeingStreamAtOnce) {
+  vmm_pool_resource pool(0);
   void* p = pool.allocate(5000, s);
   pool.deallocate(p, 5000, s);
   void* q = pool.allocate(5000, s);
@@ -214,7 +158,7 @@ TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
   EXPECT_THROW(pool.deallocate(q, 5000, s), logic_error);
   EXPECT_EQ(pool.statistics().allocations, 0U);
   EXPECT_EQ(pool.statistics().used_bytes, 0U);
-  // A block handed out by a stream's front may be freed on another stream.
+  // A block reused from the quick cache may be freed on another stream.
   stream other(0);
   void* r = pool.allocate(5000, s);
   pool.deallocate(r, 5000, s);
@@ -223,30 +167,30 @@ TEST_F(VmmPool, FrontReusesOnTheFreeingStreamAtOnce) {
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
-TEST_F(VmmPool, ABlockCachedInAFrontFreedAgainOnAnotherStreamIsADoubleFree) {
-  // The second free arrives through the pool's lock, not the front's fast path: it
-  // must still see that the front holds the block as freed (cached), not handed out.
-  vmm_pool_resource pool(0, without_arenas());
+TEST_F(VmmPool, ABlockCachedFreedAgainOnAnotherStreamIsADoubleFree) {
+  // The second free arrives through another stream's arena: it must still see
+  // that the owner's quick cache holds the block as freed, not handed out.
+  vmm_pool_resource pool(0);
   stream other(0);
   void* p = pool.allocate(5000, s);
-  pool.deallocate(p, 5000, s);  // cached in s's front
+  pool.deallocate(p, 5000, s);  // cached in s's quick cache
   EXPECT_THROW(pool.deallocate(p, 5000, other), logic_error);
   EXPECT_EQ(pool.statistics().allocations, 0U);
   void* q = pool.allocate(5000, s);
   EXPECT_EQ(q, p) << "the rejected free left the cached block where it was";
   EXPECT_EQ(pool.physical_pieces(q, 5000).size(), 1U) << "handed out again: live";
-  pool.deallocate(q, 5000, other);  // a free on another stream of a block the front handed out
+  pool.deallocate(q, 5000, other);  // a free on another stream
   EXPECT_THROW(pool.deallocate(q, 5000, s), logic_error);
   EXPECT_THROW(pool.deallocate(q, 5000, other), logic_error);
   EXPECT_EQ(pool.statistics().used_bytes, 0U);
 }
 
-TEST_F(VmmPool, FrontReuseAcrossStreamsRespectsFences) {
+TEST_F(VmmPool, ReuseAcrossStreamsRespectsFences) {
   // A block freed on stream a while a's work still uses it must not be written
-  // by work on stream b, whether it sits in a's front or was flushed from it.
-  vmm_pool_resource pool(0, without_arenas());
+  // by work on stream b, whether it sits in a's quick cache or was coalesced.
+  vmm_pool_resource pool(0);
   stream a(0), b(0);
-  void* warm = pool.allocate(MiB, a);  // the block goes through a's front afterwards
+  void* warm = pool.allocate(MiB, a);  // the block goes through a's quick cache afterwards
   pool.deallocate(warm, MiB, a);
   void* p = pool.allocate(MiB, a);
   held_check check(p, MiB, 0xA5, std::chrono::milliseconds(300), a);
@@ -257,7 +201,7 @@ TEST_F(VmmPool, FrontReuseAcrossStreamsRespectsFences) {
     device_fill(q, MiB, 0x11, b);
     got.push_back(q);
   }
-  // A growth flushes every front; the request after it may find a's block.
+  // A growth flushes every quick cache and moves free pages; the request after it may find a's.
   void* big = pool.allocate(64 * MiB, b);
   device_fill(big, 64 * MiB, 0x22, b);
   void* q = pool.allocate(MiB, b);
@@ -277,7 +221,8 @@ TEST_F(VmmPool, OutOfMemorySaysWhy) {
     pool.allocate(total / 2 + 64 * MiB, s);
     ADD_FAILURE() << "allocated more than the device has";
   } catch (const out_of_memory& e) {
-    EXPECT_NE(std::string(e.what()).find("lack the physical memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the device could not provide more"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
   }
   pool.deallocate(p, total / 2, s);
   // After the failure the pool still serves, and the free memory is usable again.
@@ -285,27 +230,26 @@ TEST_F(VmmPool, OutOfMemorySaysWhy) {
   pool.deallocate(q, total / 2 + 64 * MiB, s);
 }
 
-TEST_F(VmmPool, FreeChunksMoveOnlyAfterTheirFreesComplete) {
+TEST_F(VmmPool, FreePagesMoveOnlyAfterTheirFreesComplete) {
   // Work on stream a holds a block; after its free, a request that needs every
-  // chunk of the device must not take that block's chunks until a's work is done.
+  // page of the device must not take that block's pages until a's work is done.
   vmm_pool_resource pool(0);
   const std::size_t total = device_memory_info(0).total_bytes;
   stream a(0);
   void* p = pool.allocate(8 * MiB, a);
   held_check check(p, 8 * MiB, 0xC1, std::chrono::milliseconds(300), a);
   pool.deallocate(p, 8 * MiB, a);
-  // Leave the device exactly 4 MiB short of this request: only p's chunks can make up for it.
+  // Leave the device exactly 4 MiB short of this request: only p's pages can make up for it.
   const std::size_t device_free = device_memory_info(0).free_bytes;
   void* q = pool.allocate(device_free + 4 * MiB, s);
-  // The moved handles are at the end of the request (new handles come first): write there.
-  device_fill(static_cast<char*>(q) + device_free - 12 * MiB, 16 * MiB, 0x3E, s);
-  EXPECT_EQ(check.mismatches(), 0U) << "a chunk was remapped while the freeing stream still used it";
+  device_fill(q, device_free + 4 * MiB, 0x3E, s);
+  EXPECT_EQ(check.mismatches(), 0U) << "a page was moved while the freeing stream still used it";
   s.synchronize();
   pool.deallocate(q, device_free + 4 * MiB, s);
   (void)total;
 }
 
-TEST_F(VmmPool, TrimGivesBackCompletedFreeChunks) {
+TEST_F(VmmPool, TrimGivesBackCompletedFreePages) {
   vmm_pool_resource pool(0);
   const std::size_t before = device_memory_info(0).free_bytes;
   std::vector<void*> ps;
@@ -321,53 +265,52 @@ TEST_F(VmmPool, TrimGivesBackCompletedFreeChunks) {
   EXPECT_EQ(pool.statistics().mapped_bytes, 0U);
 }
 
-TEST_F(VmmPool, ReleaseThresholdKeepsAtMostThatMuchFree) {
+TEST_F(VmmPool, ReleaseThresholdKeepsAtMostThatMuchFreeAfterAGrowth) {
   vmm_pool_options o;
   o.release_threshold_bytes = 8 * MiB;
-  o.fence_interval = 4;
   vmm_pool_resource pool(0, o);
-  stream other(0);
-  pool.deallocate(pool.allocate(256, other), 256, other);  // two streams: fences are recorded
-  std::vector<void*> ps;
-  for (int i = 0; i < 32; ++i) ps.push_back(pool.allocate(2 * MiB, s));
-  s.synchronize();
-  for (void* p : ps) {
-    pool.deallocate(p, 2 * MiB, s);
-    s.synchronize();  // each check then finds the previous check's fence complete
-  }
-  // The threshold checks released some along the way; the frees after the last
-  // fence go once trim(s) has fenced them and the stream is done.
-  EXPECT_GT(pool.statistics().chunks_released, 0U);
-  s.synchronize();
-  pool.trim(s);  // records the fence; the stream may not have reached it yet
-  s.synchronize();
-  pool.trim();
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0);
+  void* p = pool.allocate(64 * MiB, a);
+  pool.deallocate(p, 64 * MiB, a);
+  a.synchronize();
+  void* q = pool.allocate(g, b);  // a growth: a's frees are not fenced yet, so it asks a to fence
+  void* r = pool.allocate(256, a);
+  pool.deallocate(r, 256, a);  // a fences here, as asked
+  a.synchronize();
+  void* big = pool.allocate(g + 1, b);  // the next growth finds a's free pages settled
   const auto st = pool.statistics();
-  EXPECT_LE(st.mapped_bytes - st.used_bytes, 2 * MiB);  // only the chunk `other`'s 256 bytes hold
+  EXPECT_GT(st.pages_released, 0U);
+  EXPECT_LE(st.mapped_bytes - st.used_bytes, 8 * MiB + 2 * g);
+  pool.deallocate(big, g + 1, b);
+  pool.deallocate(q, g, b);
+  b.synchronize();
 }
 
 TEST_F(VmmPool, MappedFreeRangesServeBeforeUnmappedOnes) {
   // A free range with memory under it is taken before a better-fitting range
-  // without (which would need new memory): no handle is created or moved.
-  vmm_pool_resource pool(0, without_arenas());
-  const std::size_t g = vmm::granularity(0);
+  // without (which would need pages): no page is created or moved.
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
   void* x = pool.allocate(2 * g, s);
   void* y = pool.allocate(g, s);
   void* z = pool.allocate(4 * g, s);
   void* w = pool.allocate(g, s);
   pool.deallocate(x, 2 * g, s);
-  EXPECT_EQ(pool.release(), 2 * g) << "x's handle goes back: its range is free and unmapped";
+  EXPECT_EQ(pool.release(), 2 * g) << "x's pages go back: its range is free and unmapped";
   pool.deallocate(z, 4 * g, s);
   const vmm_pool_statistics before = pool.statistics();
   EXPECT_EQ(before.mapped_bytes, 6 * g);
   void* p = pool.allocate(g + g / 2, s);  // x's unmapped range fits better; z's mapped one comes first
-  EXPECT_EQ(p, z);
-  void* q = pool.allocate(2 * g, s);  // the rest of z
-  EXPECT_EQ(static_cast<char*>(q), static_cast<char*>(z) + g + g / 2);
+  void* q = pool.allocate(2 * g, s);      // the rest of z
   const vmm_pool_statistics after = pool.statistics();
-  EXPECT_EQ(after.handles_created, before.handles_created);
-  EXPECT_EQ(after.chunks_remapped, before.chunks_remapped);
+  EXPECT_EQ(after.pages_created, before.pages_created);
+  EXPECT_EQ(after.pages_moved, before.pages_moved);
   EXPECT_EQ(after.mapped_bytes, before.mapped_bytes);
+  for (void* r : {p, q}) {
+    EXPECT_GE(static_cast<char*>(r), static_cast<char*>(z));
+    EXPECT_LT(static_cast<char*>(r), static_cast<char*>(z) + 4 * g);
+  }
   device_fill(p, g + g / 2, 0x3C, s);
   device_fill(q, 2 * g, 0x3D, s);
   EXPECT_EQ(device_count_mismatches(p, g + g / 2, 0x3C, s), 0U);
@@ -378,21 +321,17 @@ TEST_F(VmmPool, MappedFreeRangesServeBeforeUnmappedOnes) {
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
-TEST_F(VmmPool, ARequestThatNeedsMemoryStillMaps) {
-  vmm_pool_resource pool(0, without_arenas());
-  const std::size_t g = vmm::granularity(0);
-  void* a = pool.allocate(g + g / 2, s);  // one handle of 2 units; half a unit mapped and free after a
+TEST_F(VmmPool, GrowthMapsTheFewestPages) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  void* a = pool.allocate(g + g / 2, s);  // two pages; half a page mapped and free after a
   EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g);
-  EXPECT_EQ(pool.statistics().handles_created, 1U);
-  void* b = pool.allocate(g / 2, s);  // that half unit: no new memory
+  void* b = pool.allocate(g / 2, s);  // that half page: no new memory
   EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + g + g / 2);
-  EXPECT_EQ(pool.statistics().handles_created, 1U);
-  // Nothing mapped is free: the next request maps a handle of its own.
-  void* c = pool.allocate(3 * g, s);
-  const vmm_pool_statistics st = pool.statistics();
-  EXPECT_EQ(st.handles_created, 2U);
-  EXPECT_EQ(st.mapped_bytes, 5 * g);
-  EXPECT_EQ(pool.physical_pieces(c, 3 * g).size(), 1U);
+  EXPECT_EQ(pool.statistics().pages_created, 2U);
+  void* c = pool.allocate(3 * g, s);  // nothing mapped is free: three pages of its own
+  EXPECT_EQ(pool.statistics().pages_created, 5U);
+  EXPECT_EQ(pool.physical_pieces(c, 3 * g).size(), 3U);
   device_fill(a, g + g / 2, 0x61, s);
   device_fill(b, g / 2, 0x62, s);
   device_fill(c, 3 * g, 0x63, s);
@@ -402,38 +341,99 @@ TEST_F(VmmPool, ARequestThatNeedsMemoryStillMaps) {
   // A free block with memory next to unmapped addresses: a larger request uses
   // that memory and maps only the rest.
   pool.deallocate(c, 3 * g, s);
-  EXPECT_EQ(pool.release(), 3 * g);  // c's handle goes back: c's range is unmapped again
-  EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g);
+  EXPECT_EQ(pool.release(), 3 * g);  // c's pages go back: c's range is unmapped again
   pool.deallocate(b, g / 2, s);
-  EXPECT_EQ(pool.release(), 0U);  // b's half unit shares a's handle; now settled free
-  void* d = pool.allocate(2 * g, s);  // b's half unit, then addresses that need a handle
+  EXPECT_EQ(pool.release(), 0U);  // b's half page shares a's page
+  void* d = pool.allocate(2 * g, s);  // b's half page, then two new pages (not three)
   EXPECT_EQ(d, b);
-  EXPECT_EQ(pool.statistics().mapped_bytes, 2 * g + 2 * g);
+  EXPECT_EQ(pool.statistics().mapped_bytes, 4 * g);
   device_fill(d, 2 * g, 0x64, s);
   EXPECT_EQ(device_count_mismatches(d, 2 * g, 0x64, s), 0U);
+  EXPECT_EQ(device_count_mismatches(a, g + g / 2, 0x61, s), 0U);
   pool.deallocate(d, 2 * g, s);
   pool.deallocate(a, g + g / 2, s);
 }
 
-TEST_F(VmmPool, MappedFirstReuseAcrossStreamsRespectsFences) {
-  // A block freed on stream a, flushed from a's front into the pool's mapped
-  // free ranges while a's work still uses it, must not be written by stream b.
-  vmm_pool_resource pool(0, without_arenas());
-  const std::size_t g = vmm::granularity(0);
+TEST_F(VmmPool, OwnFreePagesMoveBeforeNewOnesAreMade) {
+  // Frugal: a request no free block fits takes the stream's free pages first and
+  // asks the device only for the rest; the pool holds what is live, not more.
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  void* a = pool.allocate(8 * g, s);
+  void* b = pool.allocate(g, s);  // keeps a's range from merging with the addresses after it
+  device_fill(b, g, 0x42, s);
+  pool.deallocate(a, 8 * g, s);
+  void* c = pool.allocate(12 * g, s);
+  const vmm_pool_statistics st = pool.statistics();
+  EXPECT_EQ(st.pages_moved, 8U);
+  EXPECT_EQ(st.pages_created, 13U);
+  EXPECT_EQ(st.mapped_bytes, 13 * g);
+  device_fill(c, 12 * g, 0x43, s);
+  EXPECT_EQ(device_count_mismatches(b, g, 0x42, s), 0U);
+  EXPECT_EQ(device_count_mismatches(c, 12 * g, 0x43, s), 0U);
+  pool.deallocate(c, 12 * g, s);
+  pool.deallocate(b, g, s);
+  s.synchronize();
+  pool.trim(s);
+  s.synchronize();
+  pool.trim();
+  EXPECT_EQ(pool.statistics().alias_pages, 0U) << "trim() unmaps the settled old places of moved pages";
+}
+
+TEST_F(VmmPool, AnotherStreamsSettledPagesMoveWithoutAWait) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
-  const std::size_t size = 2 * g + g / 2;
-  void* p = pool.allocate(size, a);
-  held_check check(p, size, 0xA5, std::chrono::milliseconds(300), a);
-  pool.deallocate(p, size, a);
-  std::vector<std::pair<void*, std::size_t>> got;
-  for (std::size_t bytes : {g, g / 2, 2 * g, g / 4, g + g / 4, g / 8}) {
-    void* q = pool.allocate(bytes, b);
-    device_fill(q, bytes, 0x11, b);
-    got.emplace_back(q, bytes);
-  }
-  EXPECT_EQ(check.mismatches(), 0U) << "another stream wrote a block before its free on stream a completed";
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  pool.trim(a);  // fences a's frees (trim gives back nothing yet: the fence is not seen complete)
+  a.synchronize();
+  const vmm_pool_statistics before = pool.statistics();
+  void* q = pool.allocate(8 * g, b);
+  const vmm_pool_statistics after = pool.statistics();
+  EXPECT_EQ(after.pages_created, before.pages_created) << "b took a's settled pages";
+  EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
+  EXPECT_EQ(after.mapped_bytes, 8 * g);
+  device_fill(q, 8 * g, 0x17, b);
+  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x17, b), 0U);
+  pool.deallocate(q, 8 * g, b);
   b.synchronize();
-  for (auto [q, bytes] : got) pool.deallocate(q, bytes, b);
+}
+
+TEST_F(VmmPool, MaximumBytesIsAHardCap) {
+  vmm_pool_options o;
+  o.maximum_bytes = 16 * MiB;
+  vmm_pool_resource pool(0, o);
+  void* p = pool.allocate(12 * MiB, s);
+  try {
+    (void)pool.allocate(8 * MiB, s);
+    ADD_FAILURE() << "the pool went past maximum_bytes";
+  } catch (const out_of_memory& e) {
+    EXPECT_NE(std::string(e.what()).find("maximum_bytes 16777216"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)pool.allocate(17 * MiB, s), out_of_memory) << "larger than the budget: at once";
+  EXPECT_LE(pool.statistics().mapped_bytes, 16 * MiB);
+  pool.deallocate(p, 12 * MiB, s);
+  void* q = pool.allocate(16 * MiB, s);  // the budget is whole again: the freed pages move
+  EXPECT_LE(pool.statistics().mapped_bytes, 16 * MiB);
+  pool.deallocate(q, 16 * MiB, s);
+}
+
+TEST_F(VmmPool, SmallSegmentsAreAddedAsNeeded) {
+  vmm_pool_options o;
+  o.segment_bytes = 64 * MiB;
+  vmm_pool_resource pool(0, o);
+  std::vector<std::pair<void*, std::size_t>> held;
+  for (std::size_t n : {40 * MiB, 40 * MiB, 100 * MiB, 3 * MiB}) {
+    void* p = pool.allocate(n, s);
+    device_fill(p, n, static_cast<std::uint8_t>(n / MiB), s);
+    held.emplace_back(p, n);
+  }
+  EXPECT_GE(pool.statistics().address_bytes, 64 * MiB + 100 * MiB + 64 * MiB);
+  for (auto [p, n] : held) {
+    EXPECT_EQ(device_count_mismatches(p, n, static_cast<std::uint8_t>(n / MiB), s), 0U);
+    pool.deallocate(p, n, s);
+  }
 }
 
 TEST_F(VmmPool, PeerAccessForTheWholePool) {
@@ -501,15 +501,13 @@ TEST(VmmPoolPieces, FreedForeignAndOversizedPointersAreRefused) {
   EXPECT_THROW((void)pool.physical_pieces(p, 1 << 20), logic_error);
   int foreign = 0;
   EXPECT_THROW((void)pool.physical_pieces(&foreign, 4), logic_error);
-  pool.deallocate(p, 4096, s);  // kept whole by the stream's front
+  pool.deallocate(p, 4096, s);  // kept whole in the stream's quick cache
   EXPECT_THROW((void)pool.physical_pieces(p, 4096), logic_error) << "a freed block is not exportable";
   s.synchronize();
 }
 
-class VmmPoolCapture : public ::testing::TestWithParam<bool> {};
-
-TEST_P(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
-  vmm_pool_resource pool(0, GetParam() ? vmm_pool_options{} : without_arenas());
+TEST(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
+  vmm_pool_resource pool(0);
   stream s(0);
   void* before = pool.allocate(1000, s);
   begin_capture(s);
@@ -521,8 +519,8 @@ TEST_P(VmmPoolCapture, AStreamUnderCaptureIsRefusedAndThePoolStaysIntact) {
   s.synchronize();
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
-TEST_P(VmmPoolCapture, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {
-  vmm_pool_resource pool(0, GetParam() ? vmm_pool_options{} : without_arenas());
+TEST(VmmPoolCapture, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {
+  vmm_pool_resource pool(0);
   stream s(0);
   begin_capture(s);
   EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
@@ -532,8 +530,6 @@ TEST_P(VmmPoolCapture, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurv
   s.synchronize();
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
-INSTANTIATE_TEST_SUITE_P(ArenasOrNot, VmmPoolCapture, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "arenas" : "without_arenas"; });
 
 }  // namespace
 }  // namespace gpumem::test
