@@ -317,7 +317,10 @@ class replay_workload final : public workload {
                                        "'s memory, which the logs were recorded from");
         return {skip, skip};
       }
-      const tools::replay_options o = replay_options_for(ctx);
+      // One set of streams for every replay on this resource, as a program's steps reuse theirs.
+      tools::replay_stream_set streams;
+      tools::replay_options o = replay_options_for(ctx);
+      o.streams = &streams;
       std::vector<double> live_curve, reserved_curve;
       live_curve.reserve(t.calls);
       reserved_curve.reserve(t.calls);

@@ -73,7 +73,7 @@ struct vmm_pool_statistics {
   std::size_t pages = 0;               // physical pages held
   std::size_t pages_created = 0;       // cuMemCreate calls that succeeded, ever
   std::size_t pages_moved = 0;         // free pages mapped under another range, ever
-  std::size_t pages_revived = 0;       // pages taken back by a range they had left (no driver call), ever
+  std::size_t pages_revived = 0;       // pages taken back by a place they had left (no driver call), ever
   std::size_t pages_released = 0;      // pages given back to the device, ever
   std::size_t alias_pages = 0;         // old places of moved pages, still mapped (docs/vmm.md)
   std::size_t streams = 0;

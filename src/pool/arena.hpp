@@ -101,11 +101,9 @@ struct alignas(64) arena {
   std::size_t used_bytes = 0;
   std::size_t reserved_bytes = 0;
 
-  // Paged pools only (src/vmm/page_blocks.cpp): free address ranges without
-  // memory; aliases (old mappings of moved pages); and the free count the host
-  // has seen complete (the fence's last record, once cuEventQuery said so).
-  free_index unmapped;
-  std::vector<block*> aliases;
+  // The free count the host has seen complete: the fence's last record, once
+  // cuEventQuery said so, or everything before a device synchronisation (paged
+  // pools unmap only what is settled: src/vmm/page_blocks.cpp).
   std::uint64_t settled_frees = 0;
 
   bool is_fenced(const block* b) const noexcept { return b->free_epoch <= fenced_frees; }

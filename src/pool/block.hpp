@@ -27,12 +27,6 @@ struct block {
   std::uint64_t free_epoch = 0;
   bool free = false;    // in the free index
   bool cached = false;  // freed into the arena's quick cache (not free, not live)
-  // Paged pools only (Note [Pages under the blocks], src/vmm/page_blocks.cpp):
-  // free addresses without physical memory, in the arena's `unmapped` index; or
-  // an alias, the old mapping of pages moved elsewhere, kept so that the range
-  // can take them back without a driver call (neither free nor live).
-  bool unmapped = false;
-  bool alias = false;
 };
 
 struct chunk {
@@ -40,9 +34,21 @@ struct chunk {
   std::size_t size = 0;
   arena* owner = nullptr;
   block* first = nullptr;
-  // Paged pools only: the physical handle mapped at each page of the chunk (0:
-  // none). Guarded by the owner arena's lock.
+  // Paged pools only (Note [Pages under the blocks], src/vmm/page_blocks.cpp),
+  // one entry per page of the chunk, guarded by the owner arena's lock:
+  //   pages  the physical handle mapped there (0: none);
+  //   ready  bit set where that handle's primary place is here (a block may use it);
+  //   busy   how many blocks that are not free (live, pending) touch it.
   std::vector<std::uint64_t> pages;
+  std::vector<std::uint64_t> ready;
+  std::vector<std::uint32_t> busy;
+  std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0
+
+  bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
+  void set_ready(std::size_t i, bool on) noexcept {
+    if (on) ready[i >> 6] |= std::uint64_t{1} << (i & 63);
+    else ready[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+  }
 };
 
 // Allocates block records without touching the heap on the hot path.

@@ -79,7 +79,7 @@ void* pool_resource::impl::take_from_others(arena& a, const detail::pool_request
       a.reserved_bytes += moved->size;
       pool.free_into(a, moved->first, ++a.frees);
       block* fit = a.free.find(need);
-      return pool.carve(a, fit, r.size, r.requested, r.alignment);
+      return reinterpret_cast<void*>(pool.carve(a, fit, r.size, r.requested, r.alignment)->address);
     }
   }
   if (!wait) return nullptr;
@@ -92,7 +92,7 @@ void* pool_resource::impl::take_from_others(arena& a, const detail::pool_request
       if (!acquire(lock)) continue;
       block* b = s->free.find_if(need, [s](const block* x) { return s->is_fenced(x); });
       if (b != nullptr) {
-        p = pool.carve(*s, b, r.size, r.requested, r.alignment);
+        p = reinterpret_cast<void*>(pool.carve(*s, b, r.size, r.requested, r.alignment)->address);
         fence = s->fence;
       }
     }

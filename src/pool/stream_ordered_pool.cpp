@@ -4,6 +4,7 @@
 #include "pool/stream_ordered_pool.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <tuple>
 
@@ -38,7 +39,15 @@ stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_p
     watched = !watch->source().empty();
   }
   periodic_fences = settings.fence_interval != ~0U || settings.fence_bytes != ~std::size_t{0};
+  if (settings.page_bytes != 0) {
+    if ((settings.page_bytes & (settings.page_bytes - 1)) != 0) {
+      throw logic_error(std::string("gpumem::") + name + ": the page size must be a power of two");
+    }
+    page_shift = static_cast<unsigned>(std::countr_zero(settings.page_bytes));
+  }
 }
+
+bool pool_backing::make_ready(arena&, block*) { return true; }
 
 stream_ordered_pool::~stream_ordered_pool() {
   for (auto& [key, a] : arenas) {
@@ -113,8 +122,8 @@ block* stream_ordered_pool::split_off_front(arena& a, block* b, std::size_t byte
 // a granule or more, `b` keeps it, and its place in the index unless its size class
 // changes; the request gets a new record. So a split is one index update, not a
 // removal and an insertion (W2).
-void* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::size_t requested,
-                                 std::size_t alignment) {
+block* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::size_t requested,
+                                  std::size_t alignment) {
   const std::uintptr_t aligned = (b->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
   if (aligned != b->address) {
     // Leave the misaligned front as a free block of its own.
@@ -132,16 +141,18 @@ void* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::size
     a.free.remove(b);
   }
   out->free = false;
+  out->free_epoch = b->free_epoch;  // when its range was last freed (paged pools' make_ready)
   out->requested_bytes = requested;
   a.live.insert(out->address, out);
   a.used_bytes += out->size;
-  return reinterpret_cast<void*>(out->address);
+  if (page_shift != 0) add_busy(out, 1);
+  return out;
 }
 
 // Marks `b` free and coalesces it with free neighbours (the same chunk's, so the
 // same arena's). The lower free neighbour, or else the upper one, absorbs it and
-// keeps its record and mostly its place in the index (see carve). Unmapped and
-// alias neighbours (paged pools) are not free: they never merge here.
+// keeps its record and mostly its place in the index (see carve). Paged pools:
+// free blocks merge whatever their pages' state (Note [Pages under the blocks]).
 void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
   b->free = true;
   b->free_epoch = epoch;
@@ -224,7 +235,13 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
   auto c = std::make_unique<chunk>();
   c->base = base;
   c->size = bytes;
-  if (page_bytes != 0) c->pages.assign(bytes / page_bytes, 0);
+  if (page_bytes != 0) {
+    const std::size_t n = bytes / page_bytes;
+    c->pages.assign(n, 0);
+    c->ready.assign((n + 63) / 64, 0);
+    c->busy.assign(n, 0);
+    c->freed_at.assign(n, 0);
+  }
   chunk* raw = c.get();
   {
     std::unique_lock dir(chunks_mutex);
@@ -238,13 +255,10 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
   b->owner = raw;
   raw->first = b;
   a.chunks.push_back(raw);
-  if (page_bytes != 0) {
-    b->unmapped = true;
-    a.unmapped.insert(b);
-  } else {
-    a.reserved_bytes += bytes;
-    free_into(a, b, epoch);
-  }
+  if (page_bytes == 0) a.reserved_bytes += bytes;  // a paged segment has no memory yet
+  b->free = true;
+  b->free_epoch = epoch;
+  a.free.insert(b);
   return raw;
 }
 
@@ -268,10 +282,34 @@ CUstream stream_ordered_pool::maintenance_stream() {
 // ---------------------------------------------------------------------------
 // Slow paths
 
-void* stream_ordered_pool::try_own(arena& a, const pool_request& r) {
+void* stream_ordered_pool::try_own(arena& a, const pool_request& r, bool growing) {
+  block* out = nullptr;
+  {
+    std::lock_guard lock(a.lock);
+    block* b = a.free.find(r.need);
+    if (b == nullptr) return nullptr;
+    out = carve(a, b, r.size, r.requested, r.alignment);
+    if (page_shift == 0 || pages_ready(out)) return reinterpret_cast<void*>(out->address);
+  }
+  return finish_unready(a, out, growing);
+}
+
+void* stream_ordered_pool::finish_unready(arena& a, block* b, bool growing) {
+  bool ready = false;
+  if (growing) {
+    ready = backing->make_ready(a, b);
+  } else {
+    std::lock_guard lock(growth_mutex);
+    ready = backing->make_ready(a, b);
+  }
+  if (ready) return reinterpret_cast<void*>(b->address);
+  // Memory is short: the block goes back, with what pages it got.
   std::lock_guard lock(a.lock);
-  block* b = a.free.find(r.need);
-  return b != nullptr ? carve(a, b, r.size, r.requested, r.alignment) : nullptr;
+  a.live.erase(b->address);
+  a.used_bytes -= b->size;
+  add_busy(b, -1);
+  free_into(a, b, b->free_epoch);
+  return nullptr;
 }
 
 void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
@@ -282,9 +320,9 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
     flush_quick(a);
     if (a.fence_requested.load(std::memory_order_relaxed)) record_fence(a);  // another stream asked
   }
-  if (void* p = try_own(a, r)) return p;
+  if (void* p = try_own(a, r, false)) return p;
   if (absorb_pending(a)) {
-    if (void* p = try_own(a, r)) return p;
+    if (void* p = try_own(a, r, false)) return p;
   }
   // 2. Other streams' free memory the backing can take without growing or waiting.
   if (settings.reuse_across_streams) {
@@ -294,10 +332,10 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   // back, so no thread releases memory another has just grown and not yet carved,
   // and no thread fails against a maximum because another's growth is in flight.
   std::lock_guard growing(growth_mutex);
-  if (void* p = try_own(a, r)) return p;  // another thread may have grown or freed meanwhile
+  if (void* p = try_own(a, r, true)) return p;  // another thread may have grown or freed meanwhile
   // 3. More memory.
   if (backing->grow(a, r.need, false)) {
-    if (void* p = try_own(a, r)) return p;
+    if (void* p = try_own(a, r, true)) return p;
   }
   // 4. Memory is short: what other streams hold, waiting for their locks.
   if (settings.reuse_across_streams) {
@@ -306,11 +344,11 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   // 5. Make every free complete (one device synchronisation, off the hot path),
   //    give free memory back, and try everything again.
   synchronize_and_fence_everything();
-  if (void* p = try_own(a, r)) return p;
+  if (void* p = try_own(a, r, true)) return p;
   if (void* p = backing->take_from_others(a, r, true)) return p;
   backing->before_last_growth();
   if (backing->grow(a, r.need, true)) {
-    if (void* p = try_own(a, r)) return p;
+    if (void* p = try_own(a, r, true)) return p;
   }
   throw_out_of_memory(r.requested);
 }
@@ -377,6 +415,7 @@ bool stream_ordered_pool::absorb_pending(arena& a) {
   bool absorbed = false;
   for (std::size_t i = 0; i < a.pending.size();) {
     if (a.pending[i].sequence <= upto) {
+      if (page_shift != 0) add_busy(a.pending[i].freed, -1);
       free_into(a, a.pending[i].freed, ++a.frees);
       a.pending[i] = a.pending.back();
       a.pending.pop_back();
@@ -410,6 +449,7 @@ void stream_ordered_pool::synchronize_and_fence_everything() {
     a->settled_frees = std::max(a->settled_frees, frees);
     for (std::size_t i = 0; i < a->pending.size();) {
       if (a->pending[i].sequence <= pending_upto) {
+        if (page_shift != 0) add_busy(a->pending[i].freed, -1);
         free_into(*a, a->pending[i].freed, frees);
         a->pending[i] = a->pending.back();
         a->pending.pop_back();

@@ -40,6 +40,10 @@ struct stream_pool_settings {
   std::size_t fence_bytes = ~std::size_t{0};
   bool refuse_capture = true;
   bool watch_captures = false;
+  // Paged pools (vmm_pool_resource): the page, a power of two; chunks then track
+  // their pages (chunk::pages, ready, busy) and a block carved over pages that
+  // are not ready goes to the backing's make_ready. 0: every chunk is memory.
+  std::size_t page_bytes = 0;
 };
 
 // One request on the slow path: `size` rounded to the granule, `need` with room
@@ -70,6 +74,10 @@ class pool_backing {
   // the free memory usable for it (pool_resource gives every fully free chunk
   // back to the upstream, so that it can come back as one).
   virtual void before_last_growth() { give_back(true); }
+  // Paged pools: gives every page under the carved block `b` of `a` memory of
+  // its own (the growth mutex held, no arena lock). False when memory is short
+  // (b is then freed by the engine, keeping what it got).
+  virtual bool make_ready(arena& a, block* b);
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
   // Requests that need more than this fail at once, without a device synchronisation.
@@ -79,7 +87,7 @@ class pool_backing {
 struct pool_totals {
   std::size_t used_bytes = 0;
   std::size_t reserved_bytes = 0;
-  std::size_t free_bytes = 0;  // free blocks, mapped (paged pools: unmapped ones are not counted)
+  std::size_t free_bytes = 0;  // free blocks' bytes (paged pools: addresses, with memory or not)
   std::size_t free_blocks = 0;
   std::size_t largest_free_block = 0;
   std::size_t allocations = 0;
@@ -112,7 +120,12 @@ class stream_ordered_pool {
   std::vector<arena*> arenas_except(const arena* skip) const;
 
   // ---- block operations; the arena's lock is held ----
-  void* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
+  // Carves the request from the free block `b`; returns the live block.
+  block* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
+  // Paged pools: counts `b` in (delta 1) or out of (-1) its pages' busy counts,
+  // and whether every page it touches is ready.
+  void add_busy(const block* b, int delta) noexcept;
+  bool pages_ready(const block* b) const noexcept;
   void free_into(arena& a, block* b, std::uint64_t epoch);
   void note_free(arena& a, std::size_t bytes);
   void record_fence(arena& a);
@@ -121,8 +134,12 @@ class stream_ordered_pool {
   // A new record for the first `bytes` of `b`, linked before it in the chunk; `b`
   // keeps the rest. The caller sets b's new size (through an index when b is in one).
   static block* split_off_front(arena& a, block* b, std::size_t bytes);
-  // The good fit in a's index carved for the request, or null.
-  void* try_own(arena& a, const pool_request& r);
+  // The good fit in a's index carved for the request, or null. `growing`: the
+  // caller holds the growth mutex.
+  void* try_own(arena& a, const pool_request& r, bool growing);
+  // A block just carved whose pages are not all ready (paged pools): made ready
+  // by the backing, or freed again (null).
+  void* finish_unready(arena& a, block* b, bool growing);
 
   // ---- slow paths; no lock held on entry ----
   void* allocate_slow(arena& a, const pool_request& r);
@@ -167,6 +184,7 @@ class stream_ordered_pool {
   mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner
   std::map<std::uintptr_t, std::unique_ptr<chunk>> chunks;  // by base address
   std::atomic<std::size_t> reserved_bytes{0};  // what the backing holds
+  unsigned page_shift = 0;  // paged pools: log2(settings.page_bytes)
 
   std::mutex growth_mutex;  // serialises growing and giving back
   std::mutex maintenance_mutex;
@@ -203,19 +221,52 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   }
   const std::size_t size = (bytes + granule - 1) & ~(granule - 1);
   const std::size_t need = alignment > granule ? size + alignment - granule : size;
+  block* unready = nullptr;
   {
     std::lock_guard lock(a.lock);
     if (block* b = a.quick.pop(size, alignment)) [[likely]] {
       b->cached = false;
       b->requested_bytes = bytes;
       a.used_bytes += b->size;
-      return reinterpret_cast<void*>(b->address);
-    }
-    if (block* b = a.free.find(need)) [[likely]] {
-      return carve(a, b, size, bytes, alignment);
+      if (page_shift == 0) [[likely]] return reinterpret_cast<void*>(b->address);
+      // Paged pools: a cached block counts as free for its pages, which may have moved.
+      add_busy(b, 1);
+      if (pages_ready(b)) return reinterpret_cast<void*>(b->address);
+      unready = b;
+    } else if (block* b = a.free.find(need)) [[likely]] {
+      block* out = carve(a, b, size, bytes, alignment);
+      if (page_shift == 0 || pages_ready(out)) [[likely]] return reinterpret_cast<void*>(out->address);
+      unready = out;
     }
   }
+  if (unready != nullptr) [[unlikely]] {
+    if (void* p = finish_unready(a, unready, false)) return p;
+  }
   return allocate_slow(a, {.size = size, .requested = bytes, .alignment = alignment, .need = need});
+}
+
+inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
+  chunk& c = *b->owner;
+  const std::size_t first = (b->address - c.base) >> page_shift;
+  const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
+  if (delta > 0) {
+    for (std::size_t i = first; i <= last; ++i) ++c.busy[i];
+  } else {
+    const std::uint64_t now = c.owner->frees;
+    for (std::size_t i = first; i <= last; ++i) {
+      if (--c.busy[i] == 0) c.freed_at[i] = now;
+    }
+  }
+}
+
+inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
+  const chunk& c = *b->owner;
+  const std::size_t first = (b->address - c.base) >> page_shift;
+  const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
+  for (std::size_t i = first; i <= last; ++i) {
+    if (!c.is_ready(i)) return false;
+  }
+  return true;
 }
 
 inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream_view stream) {
@@ -234,6 +285,7 @@ inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream
       a.used_bytes -= b->size;
       const std::size_t size = b->size;
       b->free_epoch = ++a.frees;
+      if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
       if (settings.quick_cache && a.quick.push(b)) {
         b->cached = true;  // stays in `live` so the next allocation of its size skips the map
       } else {

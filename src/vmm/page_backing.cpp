@@ -1,10 +1,11 @@
-// vmm_pool_resource's backing (vmm_pool_impl.hpp): growth by mapping physical
-// pages under free addresses, the pages coming from the stream's own free
-// memory, other streams' settled free memory, the device, and, when the device
-// or the budget refuses, other streams' fenced free memory; giving pages back.
-// Read Note [Pages under the blocks] in page_blocks.cpp first.
+// vmm_pool_resource's backing (vmm_pool_impl.hpp): new address segments, where a
+// page comes from when a block needs one, and giving pages back. Read Note
+// [Pages under the blocks] in page_blocks.cpp first.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -13,6 +14,32 @@
 
 namespace gpumem {
 namespace vm = detail::vmm;
+
+// Note [Pages, frugal first]
+// A page a block needs (page_blocks.cpp, make_ready step 3) comes from, in order:
+//  1. the arena's own free pages (whole pages inside its free blocks that hold
+//     their handle): its stream orders their reuse; the smallest free blocks
+//     first, so that fragments go before the large ranges;
+//  2. other streams' settled free pages: nothing to wait for;
+//  3. the device, within maximum_bytes;
+//  4. when the device or the budget refuses, other streams' fenced free pages,
+//     the arena's stream waiting for their fences on the device; streams whose
+//     free memory is not fenced yet are asked to fence at their next free.
+// So the pool asks the device for memory only when none of its own can move
+// there, and two streams are tied by a device-side wait only when memory is
+// short. One exception keeps loops free of driver calls: while the pool holds
+// less than the peak of the bytes in use so far plus 1/16 (and two pages), new
+// pages come first. A page taken from another free place is one that place may
+// want back at the next step (its alias there can take it back only while the
+// page is free), so a loop whose blocks compete for the same pages would move
+// them at every step; a new page ends the competition for good. The slack is
+// spent on exactly those places, and the pool holds at most the peak, plus
+// 1/16, plus the partial pages. A page that moves leaves an alias behind (Note [Pages under the
+// blocks]). When even step 4 finds too few, the engine synchronises the device
+// (every free is then settled) and tries once more before it fails.
+//
+// Growth, in the engine's sense (no free block fits the request), only reserves
+// addresses: a new segment, one free block without memory.
 
 detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need) {
   const std::size_t bytes = std::max(segment_bytes, vm::round_up(need, page));
@@ -31,6 +58,12 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need) 
   }
 }
 
+bool vmm_pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_short*/) {
+  if (getenv("DBG")) { std::lock_guard l(a.lock); fprintf(stderr, "GROW need=%zu free=%zu largest=%zu pending=%zu live=%zu quick=%zu\n", need, a.free.bytes(), a.free.largest(), a.pending.size(), a.live.size(), a.quick.count()); }
+  new_segment(a, need);
+  return true;
+}
+
 std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector<std::uint64_t>& out) {
   std::size_t made = 0;
   while (made < count) {
@@ -46,33 +79,40 @@ std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector
 }
 
 std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const std::vector<arena*>& others,
-                                                                 std::size_t count) {
+                                                                 std::size_t count, std::size_t displaced) {
   std::vector<std::uint64_t> out;
   out.reserve(count);
-  // 1. The arena's own whole free pages: its stream orders their reuse.
-  take_pages(a, count, out, [](const block*) { return true; });
-  // 2. Other streams' settled whole free pages: nothing to wait for.
+  std::size_t created = 0;
+  // For displaced pages, within the slack above the peak of the bytes in use, new
+  // pages come first: a page taken from another place is one that place may want
+  // back at the next step, where a new page settles the conflict for good.
+  static const std::size_t slack_div = getenv("SLACKDIV") ? std::stoul(getenv("SLACKDIV")) : 16;
+  const std::size_t slack_limit = peak_used + peak_used / slack_div + 2 * page;
+  const std::size_t held = pool.reserved_bytes.load();
+  if (displaced != 0 && held < slack_limit) {
+    created = create_pages(std::min(displaced, (slack_limit - held) / page), out);
+  }
+  // 1. The arena's own free pages.
+  if (out.size() < count) take_pages(a, count - out.size(), out, [](const block*) { return true; });
+  // 2. Other streams' settled free pages; the others are asked to fence their frees.
   if (out.size() < count && pool.settings.reuse_across_streams) {
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
-      pool.flush_quick(*s);
       settle(*s);
-      reap_aliases(*s, true);
-      take_pages(*s, count - out.size(), out, [&](const block* b) { return is_settled(*s, b); });
+      take_pages(*s, count - out.size(), out, [&](const block* b) { return is_settled(*s, b->free_epoch); });
+      if (s->fenced_frees < s->frees) s->fence_requested.store(true, std::memory_order_relaxed);
       if (out.size() == count) break;
     }
   }
   // 3. The device, within the budget.
-  const std::size_t created = out.size() < count ? create_pages(count - out.size(), out) : 0;
-  // 4. The device or the budget refused: other streams' fenced pages, after a
-  //    device-side wait on their fences; the others are asked to fence.
+  if (out.size() < count) created += create_pages(count - out.size(), out);
+  // 4. Other streams' fenced free pages, after a device-side wait on their fences.
   if (out.size() < count && pool.settings.reuse_across_streams) {
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
       const std::size_t before = out.size();
       take_pages(*s, count - out.size(), out, [&](const block* b) { return s->is_fenced(b); });
       if (out.size() > before) pool.wait_for(a, s->fence);
-      if (out.size() < count) s->fence_requested.store(true, std::memory_order_relaxed);
       if (out.size() == count) break;
     }
   }
@@ -80,46 +120,18 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
   return out;
 }
 
-bool vmm_pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_short*/) {
-  const std::vector<arena*> others = pool.arenas_except(&a);
-  std::unique_lock lock(a.lock);
-  pool.flush_quick(a);
-  reap_aliases(a, true);
-  window w;
-  bool found = find_window(a, need, w);
-  if (!found && !a.aliases.empty()) {
-    // Addresses are short: the arena's settled aliases go, and their ranges join the runs.
-    if (a.fenced_frees < a.frees) pool.record_fence(a);
-    reap_aliases(a, false);
-    found = find_window(a, need, w);
-  }
-  if (!found) {
-    lock.unlock();
-    new_segment(a, need);
-    lock.lock();
-    if (!find_window(a, need, w)) return false;  // another thread of the stream took it meanwhile
-  }
-  const bool complete = fill_window(a, others, w, need);
-  lock.unlock();
-  enforce_threshold();
-  return complete;
-}
-
-void vmm_pool_resource::impl::before_last_growth() {
-  // Nothing to do: the synchronisation settled every free, so the growth that
-  // follows can take every whole free page. Giving pages back to the device
-  // first (pool_resource gives chunks back, to get them again as one) would
-  // only cost a release and a create per page.
-}
-
 std::size_t vmm_pool_resource::impl::give_back(bool /*device_synchronized*/) {
   std::size_t released = 0;
   std::shared_lock arenas_lock(pool.arenas_mutex);
+  // Every settled alias first (a handle mapped anywhere else stays), then the pages.
   for (auto& [key, s] : pool.arenas) {
     std::lock_guard lock(s->lock);
     pool.flush_quick(*s);
     settle(*s);
-    reap_aliases(*s, false);
+    reap_aliases(*s);
+  }
+  for (auto& [key, s] : pool.arenas) {
+    std::lock_guard lock(s->lock);
     released += release_free_pages(*s, std::numeric_limits<std::size_t>::max());
   }
   return released;
@@ -139,13 +151,15 @@ void vmm_pool_resource::impl::enforce_threshold() {
     if (held <= used + opt.release_threshold_bytes) return;
     excess = held - used - opt.release_threshold_bytes;
     for (auto& [key, s] : pool.arenas) {
-      if (excess < page) break;
       std::lock_guard lock(s->lock);
       pool.flush_quick(*s);
       settle(*s);
-      reap_aliases(*s, false);
-      const std::size_t released = release_free_pages(*s, excess);
-      excess -= std::min(excess, released);
+      reap_aliases(*s);
+    }
+    for (auto& [key, s] : pool.arenas) {
+      if (excess < page) break;
+      std::lock_guard lock(s->lock);
+      excess -= std::min(excess, release_free_pages(*s, excess));
     }
   }
   // What is not settled yet goes at a later check: every stream fences at its next free.
@@ -160,9 +174,9 @@ std::string vmm_pool_resource::impl::shortage(std::size_t requested) {
   }
   const detail::pool_totals t = pool.collect();
   std::string why = "the pool holds " + std::to_string(pool.reserved_bytes.load()) + " bytes of physical memory in " +
-                    std::to_string(page) + "-byte pages, " + std::to_string(t.used_bytes) + " of them in use; " +
-                    std::to_string(t.free_bytes) + " bytes are free in blocks, of which only whole pages can move " +
-                    "(a page shared with a live allocation stays)";
+                    std::to_string(page) + "-byte pages, " + std::to_string(t.used_bytes) +
+                    " bytes of it in use; only whole free pages can move (a page shared with a live "
+                    "allocation stays)";
   if (opt.maximum_bytes != 0) {
     why += "; maximum_bytes " + std::to_string(opt.maximum_bytes) + " (the budget) ";
     why += pool.reserved_bytes.load() + page > maximum ? "is reached" : "is not reached";

@@ -1,8 +1,10 @@
-// vmm_pool_resource: the page-level edits of an arena's blocks. Taking whole free
-// pages out of free blocks, unmapping old mappings once their frees are
-// settled, keeping free addresses without memory apart, and giving pages back.
-// The arena's lock is held throughout (vmm_pool_impl.hpp).
+// vmm_pool_resource: the pages under an arena's blocks. Making a carved block's
+// pages ready, taking whole free pages, aliases, and giving pages back. The
+// growth mutex and the arena's lock are held where vmm_pool_impl.hpp says.
 #include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -14,57 +16,60 @@ namespace vm = detail::vmm;
 
 // Note [Pages under the blocks]
 // Each stream's arena owns segments: address ranges reserved once (a chunk of
-// the engine each, segment_bytes long) and carved into blocks exactly as
-// pool_resource carves upstream chunks, by the same engine and hot path.
-// Physical memory comes in pages of `page` bytes, one handle each, mapped at
-// page-aligned addresses of segments; chunk::pages holds the handle mapped at
-// each page (0: none). A handle has one primary place, where blocks use it, and
-// may have aliases, older places it is still mapped at (`homes` says where). A
-// block is in one of these states:
+// the engine each, a device's memory long by default) and carved into blocks
+// exactly as pool_resource carves upstream chunks, by the same engine and hot
+// path. Physical memory comes in pages of `page` bytes, one handle each, mapped
+// at page-aligned addresses of segments. Per page the chunk records the handle
+// mapped there (`pages`, 0: none), whether that handle's primary place is there
+// (`ready`), and how many blocks that are not free touch it (`busy`: live,
+// quick-cached, pending). A handle has one primary place and may have aliases:
+// older places where it is still mapped (`homes`).
 //
-//   live, cached, pending  every page it touches is mapped there as primary;
-//   free                   likewise; in the arena's good-fit index (`free`),
-//                          which the hot path searches;
-//   unmapped               no page it touches is mapped; page-aligned at both
-//                          ends; in the arena's `unmapped` index;
-//   alias                  every page it covers is mapped there, as an alias of
-//                          a page whose primary place is elsewhere; page-aligned;
-//                          in the arena's `aliases` list; never handed out.
+// Invariants:
+//  - a page that a block which is not free touches is ready (busy > 0 implies
+//    ready): what the program holds always has memory of its own;
+//  - free blocks merge whatever their pages hold, so where the next request
+//    lands depends on the sizes and the order of the requests and frees only,
+//    never on where memory happens to be mapped. A loop that asks for the same
+//    sizes in the same order gets the same addresses every step;
+//  - a page no block touches (busy 0) may hold its handle (ready: free memory
+//    that can move), an alias of a handle that lives elsewhere, or nothing.
 //
-// So the hot path never meets an address without memory of its own, and a free
-// block merges only with free neighbours (unmapped and alias ones are not
-// `free`). A page shared by a free block and a live one is never taken: only
-// the whole pages inside a free block move. The physical floor is therefore the
-// live bytes rounded out to whole pages, run by run.
+// A request whose block lands on pages that are not all ready goes to
+// make_ready() (off the hot path, the growth mutex held), page by page:
+//  1. an alias whose handle's primary place is a free page (busy 0) of the same
+//     arena takes it back: primary and alias swap places, no driver call;
+//  2. any other alias is unmapped (its last use ended at the free of the range
+//     the block was carved from: that free must be settled, else the block goes
+//     back and the request is served from new addresses);
+//  3. a page without memory gets a handle (Note [Pages, frugal first],
+//     page_backing.cpp), mapped there; its old place, if it had one, becomes
+//     an alias.
+// Because addresses repeat from step to step, so do the moves of step 1: after
+// the first steps a loop's pages are shared between the blocks that are never
+// live at once, and taking a block swaps bookkeeping only. The pool then holds
+// about the peak of the live bytes, rounded out to whole pages, and a step makes
+// no driver call.
 //
-// A page moves by mapping its handle at the new place (cuMemMap; a handle may be
-// mapped at several addresses at once) and setting access there; its old place
-// becomes an alias. Its new user must run after the work queued before the
-// frees that made the page free:
-//  - a page freed on the taker's own stream: stream order gives it;
+// Stream order. A page that moves (steps 1 and 3) is used next by the taker's
+// stream, after the work queued before the frees that made it free:
+//  - a page freed on the taker's own stream (or absorbed into its arena after a
+//    device-side wait on the freeing stream): stream order gives it;
 //  - another stream's page: only when the host has seen that stream's fence
 //    covering the free complete (settled: nothing to wait for), or, when the
 //    device refuses more, when the fence covers it (the taker's stream then
 //    waits for the fence on the device, cuStreamWaitEvent; never the host).
-// An alias is never carved or handed out, so no address is handed out twice; a
-// use after free through it reaches the page's new user instead of faulting (as
-// with any allocator that reuses memory). It stays mapped for two reasons:
-//  - cuMemUnmap does not wait for work in flight, so the old place may be
-//    unmapped only once the host has seen its frees complete (settled);
-//  - a range that gave its pages away is often wanted again in its old shape (a
-//    training step frees and asks for the same sizes in the same order). When
-//    the pages' primary places are free again, growth takes them back by
-//    swapping primary and alias (no driver call: Note [Growing by the fewest
-//    pages], page_window.cpp). This is how a loop settles into a layout that
-//    needs no mapping at all, where moving pages back and forth would cost
-//    ~25-40 us of driver calls per page per step.
-// Aliases whose pages now belong to another stream (which cannot swap them
-// back) are unmapped once settled, at growth; every settled alias is unmapped
-// by trim() and release(), and before an address range is found lacking.
+// cuMemUnmap does not wait for work in flight, so an alias or a page is
+// unmapped only once the frees that ended its last use are settled. An alias
+// is never handed out (a block landing on it makes it ready first), so no
+// address is handed out twice; a use after free through an old address reaches
+// the page's new user instead of faulting, as with any allocator that reuses
+// memory. Aliases are kept for step 1; trim() and release() unmap the settled
+// ones before giving pages back.
 //
 // Settled: arena::settled_frees is the free count of the arena's last fence
 // record that cuEventQuery found complete (or everything before a device
-// synchronisation). A block is settled when its free_epoch is at or below it.
+// synchronisation). A free block is settled when its free_epoch is at or below.
 
 void vmm_pool_resource::impl::settle(arena& a) {
   if (a.fence == nullptr || a.fenced_frees <= a.settled_frees) return;
@@ -76,200 +81,207 @@ void vmm_pool_resource::impl::settle(arena& a) {
   }
 }
 
-void vmm_pool_resource::impl::add_unmapped(arena& s, block* b) {
-  b->free = false;
-  b->alias = false;
-  b->unmapped = true;
-  if (block* prev = b->prev_in_chunk; prev != nullptr && prev->unmapped) {
-    s.unmapped.remove(prev);
-    prev->size += b->size;
-    prev->next_in_chunk = b->next_in_chunk;
-    if (b->next_in_chunk != nullptr) b->next_in_chunk->prev_in_chunk = prev;
-    s.slab.recycle(b);
-    b = prev;
+void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& others) {
+  std::size_t used = a.used_bytes;
+  for (arena* s : others) {
+    std::lock_guard lock(s->lock);
+    used += s->used_bytes;
   }
-  if (block* next = b->next_in_chunk; next != nullptr && next->unmapped) {
-    s.unmapped.remove(next);
-    b->size += next->size;
-    b->next_in_chunk = next->next_in_chunk;
-    if (next->next_in_chunk != nullptr) next->next_in_chunk->prev_in_chunk = b;
-    s.slab.recycle(next);
-  }
-  s.unmapped.insert(b);
+  peak_used = std::max(peak_used, used);
 }
 
-vmm_pool_resource::impl::block* vmm_pool_resource::impl::split_piece(arena& s, block* b, std::uintptr_t at,
-                                                                      std::size_t bytes) {
-  const std::uintptr_t end = b->address + b->size;
-  auto put_back = [&](block* part) {
-    if (part->free) s.free.insert(part);
-    else if (part->unmapped) s.unmapped.insert(part);
-    else if (part->alias) s.aliases.push_back(part);
-  };
-  if (at > b->address) {
-    block* front = detail::stream_ordered_pool::split_off_front(s, b, at - b->address);
-    b->size -= front->size;
-    front->free = b->free;
-    front->unmapped = b->unmapped;
-    front->alias = b->alias;
-    front->free_epoch = b->free_epoch;
-    put_back(front);
-  }
-  if (at + bytes < end) {
-    block* middle = detail::stream_ordered_pool::split_off_front(s, b, bytes);
-    b->size -= bytes;
-    middle->free = b->free;
-    middle->unmapped = b->unmapped;
-    middle->alias = b->alias;
-    middle->free_epoch = b->free_epoch;
-    put_back(b);
-    return middle;
-  }
-  return b;
+void vmm_pool_resource::impl::wait_settled(arena& a, std::uint64_t epoch) {
+  settle(a);
+  if (is_settled(a, epoch)) return;
+  if (a.fenced_frees < epoch) pool.record_fence(a);
+  detail::device_context_guard guard(pool.device);
+  GPUMEM_CU(cuEventSynchronize, a.fence);
+  a.settled_frees = a.fenced_frees;
 }
 
-vmm_pool_resource::impl::block* vmm_pool_resource::impl::make_alias(arena& s, block* b, std::uintptr_t at,
-                                                                     std::size_t n) {
-  s.free.remove(b);
-  block* taken = split_piece(s, b, at, n * page);
-  taken->free = false;
-  taken->alias = true;
-  s.aliases.push_back(taken);
-  s.reserved_bytes -= n * page;
-  chunk& c = *taken->owner;
-  for (std::size_t i = page_index(c, at), k = 0; k < n; ++i, ++k) homes.at(c.pages[i]).aliases.push_back({&c, i});
-  return taken;
+namespace {
+
+// The whole pages of a block: [first, end) in page indices of its chunk.
+struct page_span {
+  std::size_t first = 0;
+  std::size_t end = 0;
+};
+page_span whole_pages(const detail::block* b, std::size_t page) {
+  const std::uintptr_t lo = b->address - b->owner->base;
+  return {(lo + page - 1) / page, (lo + b->size) / page};
 }
+
+}  // namespace
 
 std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std::vector<std::uint64_t>& out,
                                                 const std::function<bool(const block*)>& accept) {
-  std::size_t got = 0;
-  auto has_whole_page = [this](const block* b) {
-    return vm::round_up(b->address, page) + page <= b->address + b->size;
+  // Every free page with its handle, in free and quick-cached blocks.
+  struct candidate {
+    std::uint64_t freed_at;
+    chunk* c;
+    std::size_t i;
   };
-  // The smallest classes first: fragments go before the large free ranges that
-  // repeated requests of the same sizes will want back whole.
-  while (got < count) {
-    block* b = s.free.find_if(page, [&](const block* x) { return has_whole_page(x) && accept(x); });
-    if (b == nullptr) break;
-    const std::uintptr_t last = (b->address + b->size) / page * page;
-    const std::size_t n = std::min(count - got, (last - vm::round_up(b->address, page)) / page);
-    block* taken = make_alias(s, b, last - n * page, n);
-    chunk& c = *taken->owner;
-    for (std::size_t i = page_index(c, taken->address), k = 0; k < n; ++i, ++k) out.push_back(c.pages[i]);
-    got += n;
-  }
-  return got;
-}
-
-void vmm_pool_resource::impl::unmap_alias(arena& s, block* b) {
-  vm::unmap(pool.device, b->address, b->size);
-  chunk& c = *b->owner;
-  for (std::size_t i = page_index(c, b->address), k = 0; k < b->size / page; ++i, ++k) {
-    auto& aliases = homes.at(c.pages[i]).aliases;
-    aliases.erase(std::find(aliases.begin(), aliases.end(), page_ref{&c, i}));
-    c.pages[i] = 0;
-  }
-  add_unmapped(s, b);
-}
-
-void vmm_pool_resource::impl::reap_aliases(arena& s, bool foreign_only) {
-  if (s.aliases.empty()) return;
-  settle(s);
-  for (std::size_t i = 0; i < s.aliases.size();) {
-    block* b = s.aliases[i];
-    bool reap = is_settled(s, b);
-    if (reap && foreign_only) {
-      const chunk& c = *b->owner;
-      const page_ref& home = homes.at(c.pages[page_index(c, b->address)]).primary;
-      reap = home.c->owner != &s;
+  std::vector<candidate> found;
+  auto gather = [&](const block* b) {
+    if (!accept(b)) return;
+    chunk& c = *b->owner;
+    const page_span span = whole_pages(b, page);
+    for (std::size_t i = span.first; i < span.end; ++i) {
+      if (!c.is_ready(i)) {
+        // Skip a word of pages without memory at once (the segments' long unused tails).
+        if ((i & 63) == 0 && i + 64 <= span.end && c.ready[i >> 6] == 0) i += 63;
+        continue;
+      }
+      found.push_back({getenv("MRU") ? c.freed_at[i] : ~homes.at(c.pages[i]).rank, &c, i});
     }
-    if (reap) {
-      s.aliases[i] = s.aliases.back();
-      s.aliases.pop_back();
-      b->alias = false;
-      unmap_alias(s, b);
-    } else {
-      ++i;
-    }
+  };
+  s.free.find_if(page, [&](const block* b) {
+    gather(b);
+    return false;
+  });
+  s.quick.for_each([&](const block* b) {
+    if (b->size >= page) gather(b);
+  });
+  // The most recently freed first. A loop uses its blocks in the same order at
+  // every step, so the page freed last is the one needed again last: taking it
+  // leaves the pages needed sooner where they are (as MRU does for a cyclic access pattern).
+  const std::size_t n = std::min(count, found.size());
+  std::partial_sort(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n), found.end(),
+                    [](const candidate& x, const candidate& y) { return x.freed_at > y.freed_at; });
+  for (std::size_t k = 0; k < n; ++k) {
+    chunk& c = *found[k].c;
+    const std::size_t i = found[k].i;
+    page_home& h = homes.at(c.pages[i]);
+    h.aliases.push_back({&c, i});
+    h.primary = {};  // moving: map_pages gives it its new place
+    c.set_ready(i, false);
+    out.push_back(c.pages[i]);
+    s.reserved_bytes -= page;
   }
+  return n;
 }
 
-void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::uintptr_t at,
-                                        const std::vector<std::uint64_t>& handles) {
-  const std::size_t first = page_index(c, at);
+void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
+  vm::unmap(pool.device, c.base + i * page, page);
+  auto& aliases = homes.at(c.pages[i]).aliases;
+  aliases.erase(std::find(aliases.begin(), aliases.end(), page_ref{&c, i}));
+  c.pages[i] = 0;
+}
+
+void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
+                                        const std::vector<std::uint64_t>& handles, std::size_t from, std::size_t n) {
+  const std::uintptr_t at = c.base + first * page;
   std::size_t mapped = 0;
   try {
-    for (; mapped < handles.size(); ++mapped) {
-      vm::map(pool.device, at + mapped * page, page, handles[mapped]);
-    }
-    vm::set_access(pool.device, at, handles.size() * page, opt.peer_devices);
+    for (; mapped < n; ++mapped) vm::map(pool.device, at + mapped * page, page, handles[from + mapped]);
+    vm::set_access(pool.device, at, n * page, opt.peer_devices);
   } catch (...) {
-    // A driver failure (not a shortage): undo, and give the handles back.
+    // A driver failure, not a shortage: undo, and give these handles back.
     if (mapped > 0) (void)detail::driver().cuMemUnmap(at, mapped * page);
-    for (std::uint64_t h : handles) {
-      (void)detail::driver().cuMemRelease(h);
-      homes.erase(h);
+    for (std::size_t k = 0; k < n; ++k) {
+      (void)detail::driver().cuMemRelease(handles[from + k]);
+      homes.erase(handles[from + k]);
     }
-    pool.reserved_bytes -= handles.size() * page;
+    pool.reserved_bytes -= n * page;
     throw;
   }
-  for (std::size_t k = 0; k < handles.size(); ++k) {
-    c.pages[first + k] = handles[k];
-    homes[handles[k]].primary = {&c, first + k};
+  for (std::size_t k = 0; k < n; ++k) {
+    c.pages[first + k] = handles[from + k];
+    c.set_ready(first + k, true);
+    page_home& h = homes[handles[from + k]];
+    if (h.rank == 0) h.rank = ++handles_made;
+    h.primary = {&c, first + k};
   }
-  a.reserved_bytes += handles.size() * page;
+  a.reserved_bytes += n * page;
+}
+
+bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
+  const std::vector<arena*> others = pool.arenas_except(&a);  // before any arena lock
+  bool complete = true;
+  {
+    std::lock_guard lock(a.lock);
+    chunk& c = *b->owner;
+    const std::size_t first = (b->address - c.base) / page;
+    const std::size_t last = (b->address + b->size - 1 - c.base) / page;
+    std::vector<std::size_t> missing;
+    std::size_t displaced = 0;  // pages whose alias went because another block holds its page
+    for (std::size_t i = first; i <= last; ++i) {
+      if (c.is_ready(i)) continue;
+      if (c.pages[i] != 0) {
+        page_home& h = homes.at(c.pages[i]);
+        const page_ref there = h.primary;
+        // 1. Take the page back from a free place of this arena: a swap.
+        if (there.c != nullptr && there.c->owner == &a && there.c->busy[there.index] == 0) {
+          there.c->set_ready(there.index, false);
+          *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
+          h.primary = {&c, i};
+          c.set_ready(i, true);
+          ++pages_revived;
+          continue;
+        }
+        // 2. The alias goes, once the free that ended its last use is settled: if
+        //    it is not yet, this waits for the stream's own work up to that free
+        //    (cuEventSynchronize on its fence; never the device), which only the
+        //    first steps of a loop meet (Note [Pages under the blocks]).
+        if (getenv("DBGD")) fprintf(stderr, "DISP p=%zu blk=[%zu,%zu) holder=%zu holder_busy=%u\n", i, first, last + 1, there.c ? there.index : 999999, there.c ? there.c->busy[there.index] : 0);
+        wait_settled(a, b->free_epoch);
+        unmap_alias(c, i);
+        ++displaced;
+      }
+      missing.push_back(i);
+    }
+    // 3. Pages for the rest, mapped run by run.
+    if (complete && !missing.empty()) {
+      note_peak(a, others);
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size(), displaced);
+      for (std::size_t k = 0; k < handles.size();) {
+        std::size_t n = 1;
+        while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;
+        map_pages(a, c, missing[k], handles, k, n);
+        k += n;
+      }
+      complete = handles.size() == missing.size();
+    }
+  }
+  enforce_threshold();
+  return complete;
+}
+
+void vmm_pool_resource::impl::reap_aliases(arena& s) {
+  settle(s);
+  s.free.find_if(page, [&](const block* b) {
+    if (!is_settled(s, b->free_epoch)) return false;
+    chunk& c = *b->owner;
+    const page_span span = whole_pages(b, page);
+    for (std::size_t i = span.first; i < span.end; ++i) {
+      if (c.pages[i] != 0 && !c.is_ready(i)) unmap_alias(c, i);
+    }
+    return false;
+  });
 }
 
 std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at_most) {
   std::size_t released = 0;
-  auto releasable = [&](const chunk& c, std::size_t i) { return homes.at(c.pages[i]).aliases.empty(); };
-  // Visit every settled free block with a whole page; release its runs of pages
-  // that no alias maps any more.
-  std::vector<block*> candidates;
   s.free.find_if(page, [&](const block* b) {
-    if (vm::round_up(b->address, page) + page <= b->address + b->size && is_settled(s, b)) {
-      candidates.push_back(const_cast<block*>(b));
+    if (!is_settled(s, b->free_epoch)) return false;
+    chunk& c = *b->owner;
+    const page_span span = whole_pages(b, page);
+    for (std::size_t i = span.first; i < span.end && released + page <= at_most; ++i) {
+      if (!c.is_ready(i)) continue;
+      const std::uint64_t h = c.pages[i];
+      if (!homes.at(h).aliases.empty()) continue;  // mapped elsewhere too: reap_aliases first
+      vm::unmap(pool.device, c.base + i * page, page);
+      vm::release(pool.device, h);
+      homes.erase(h);
+      c.pages[i] = 0;
+      c.set_ready(i, false);
+      s.reserved_bytes -= page;
+      pool.reserved_bytes -= page;
+      ++pages_released;
+      released += page;
     }
-    return false;
+    return released + page > at_most;
   });
-  for (block* b : candidates) {
-    // Each release splits b; the pages above the run just released stay in the
-    // block that keeps b's upper part, so go on from there.
-    std::uintptr_t at = vm::round_up(b->address, page);
-    const std::uintptr_t last = (b->address + b->size) / page * page;
-    block* rest = b;
-    while (at < last && released + page <= at_most) {
-      chunk& c = *rest->owner;
-      std::size_t i = page_index(c, at);
-      if (!releasable(c, i)) {
-        at += page;
-        continue;
-      }
-      std::size_t n = 1;
-      while (at + n * page < last && releasable(c, i + n) && released + (n + 1) * page <= at_most) ++n;
-      const std::uintptr_t run_end = at + n * page;
-      const std::uintptr_t rest_end = rest->address + rest->size;
-      s.free.remove(rest);
-      // split_piece leaves the part above the run in `rest` (back in the free
-      // index) and returns the run, or `rest` itself when the run ends it.
-      block* run = split_piece(s, rest, at, n * page);
-      run->free = false;
-      vm::unmap(pool.device, at, n * page);
-      for (std::size_t k = 0; k < n; ++k, ++i) {
-        vm::release(pool.device, c.pages[i]);
-        homes.erase(c.pages[i]);
-        c.pages[i] = 0;
-      }
-      s.reserved_bytes -= n * page;
-      pool.reserved_bytes -= n * page;
-      pages_released += n;
-      released += n * page;
-      add_unmapped(s, run);
-      if (run_end >= rest_end) break;
-      at = run_end;
-    }
-  }
   return released;
 }
 

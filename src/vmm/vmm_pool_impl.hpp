@@ -1,11 +1,11 @@
 // vmm_pool_resource's state: the stream-ordering engine (src/pool/
 // stream_ordered_pool.hpp) over address segments whose physical pages are mapped
 // on demand and moved where they are needed. This struct is the engine's backing:
-//   page_blocks.cpp   the page-level edits of an arena's blocks (read its Note
+//   page_blocks.cpp   the pages under an arena's blocks: making a carved block's
+//                     pages ready, taking free pages, aliases (read its Note
 //                     [Pages under the blocks] first);
-//   page_window.cpp   growth: the place that needs the fewest new pages, and
-//                     filling it (Note [Growing by the fewest pages]);
-//   page_backing.cpp  where pages come from and where they go back.
+//   page_backing.cpp  where pages come from (Note [Pages, frugal first]) and
+//                     where they go back.
 #pragma once
 
 #include <atomic>
@@ -33,10 +33,12 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
     bool operator==(const page_ref&) const = default;
   };
   // Where a physical page (a handle) is mapped: its one primary place, where a
-  // block may use it, and its aliases (Note [Pages under the blocks]).
+  // block may use it (none while it moves), and its aliases, older places where
+  // it is still mapped (Note [Pages under the blocks]).
   struct page_home {
     page_ref primary;
     std::vector<page_ref> aliases;
+    std::uint64_t rank = 0;  // the order handles were made in
   };
 
   impl(int device, vmm_pool_options opt);
@@ -45,16 +47,17 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // ---- the backing (page_backing.cpp) ----
   void* take_from_others(arena&, const detail::pool_request&, bool) override { return nullptr; }
   bool grow(arena& a, std::size_t need, bool memory_short) override;
+  bool make_ready(arena& a, block* b) override;
   std::size_t give_back(bool device_synchronized) override;
-  void before_last_growth() override;
+  void before_last_growth() override {}  // the growth after the synchronisation takes every free page
   std::string shortage(std::size_t requested) override;
   std::size_t largest_possible() const override { return maximum; }
 
   // Physical pages for `a` (growth mutex and a's lock held; `others`: the other
-  // arenas): up to `count` handles, from a's own free pages, then other
-  // streams' settled ones, then the device (within maximum_bytes), then other
-  // streams' fenced ones (a then waits on their fences on the device).
-  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count);
+  // arenas): up to `count` handles, frugal first (Note [Pages, frugal first]).
+  // `displaced`: how many of them replace an alias whose page another block holds.
+  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count,
+                                          std::size_t displaced);
   // New handles from the device, at most `count`, within maximum_bytes.
   std::size_t create_pages(std::size_t count, std::vector<std::uint64_t>& out);
   // Gives the free pages above release_threshold_bytes back (growth mutex held).
@@ -62,50 +65,32 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   chunk* new_segment(arena& a, std::size_t need);
   void release_everything() noexcept;  // destruction
 
-  // ---- growth (page_window.cpp); growth mutex and a's lock held ----
-  // Makes [begin, begin + need) of a run of free, unmapped and alias blocks
-  // one free block with memory. Returns whether every page came.
-  struct window {
-    chunk* c = nullptr;
-    block* first = nullptr;  // the run's block holding `begin`
-    std::uintptr_t begin = 0;
-    std::size_t new_pages = 0;  // unmapped pages in it
-    std::size_t swaps = 0;      // alias pages it takes back
-  };
-  bool find_window(arena& a, std::size_t need, window& out);
-  bool fill_window(arena& a, const std::vector<arena*>& others, const window& w, std::size_t need);
-
-  // ---- page-level edits of an arena's blocks (page_blocks.cpp); its lock
-  //      and the growth mutex are held ----
+  // ---- the pages under an arena's blocks (page_blocks.cpp); its lock and the
+  //      growth mutex are held ----
   // Updates a.settled_frees from its fence (one cuEventQuery when something is unsettled).
   void settle(arena& a);
-  bool is_settled(const arena& a, const block* b) const noexcept { return b->free_epoch <= a.settled_frees; }
-  // Takes up to `count` whole free pages out of the free blocks of `s` that
+  bool is_settled(const arena& a, std::uint64_t epoch) const noexcept { return epoch <= a.settled_frees; }
+  // Waits (on the host) for a's work up to its free number `epoch`: its fence.
+  void wait_settled(arena& a, std::uint64_t epoch);
+  // Updates peak_used with what every arena has in use now (a's lock held).
+  void note_peak(arena& a, const std::vector<arena*>& others);
+  // Takes up to `count` ready whole pages out of the free blocks of `s` that
   // `accept` admits (the smallest blocks first), appending their handles to
-  // `out`; the pages' places become aliases. Returns how many.
+  // `out`; their places become aliases. Returns how many.
   std::size_t take_pages(arena& s, std::size_t count, std::vector<std::uint64_t>& out,
                          const std::function<bool(const block*)>& accept);
-  // The pages [at, at + n pages) of the free block `b` of `s` become an alias block.
-  block* make_alias(arena& s, block* b, std::uintptr_t at, std::size_t n);
-  // Splits [at, at + bytes) out of `b` (no index holds b; the parts keep b's
-  // state and are put back where b's state says). Returns the middle.
-  block* split_piece(arena& s, block* b, std::uintptr_t at, std::size_t bytes);
-  // Unmaps the alias blocks of `s` whose frees are settled: all of them, or only
-  // those whose pages' primary places are in another arena (`foreign_only`:
-  // only s's own pages can come back to its aliases).
-  void reap_aliases(arena& s, bool foreign_only);
-  void unmap_alias(arena& s, block* b);
-  // Marks `b` (in no index) as unmapped free addresses, merging it with unmapped
-  // neighbours, into s.unmapped.
-  void add_unmapped(arena& s, block* b);
-  // Maps `handles` at [at, at + n pages) of chunk `c` (owned by a), sets access,
-  // and makes that their primary place.
-  void map_pages(arena& a, chunk& c, std::uintptr_t at, const std::vector<std::uint64_t>& handles);
-  // Gives whole settled free pages of `s` without aliases back to the device, at
-  // most `at_most` bytes. Returns bytes.
+  // Unmaps the aliases inside settled free blocks of `s`.
+  void reap_aliases(arena& s);
+  // Gives whole ready pages of settled free blocks of `s` whose handles have no
+  // alias back to the device, at most `at_most` bytes. Returns bytes.
   std::size_t release_free_pages(arena& s, std::size_t at_most);
+  // Maps `handles` at pages [first, first + n) of chunk `c` (owned by a), sets
+  // access, and makes those their primary places.
+  void map_pages(arena& a, chunk& c, std::size_t first, const std::vector<std::uint64_t>& handles,
+                 std::size_t from, std::size_t n);
+  void unmap_alias(chunk& c, std::size_t i);
   std::size_t page_index(const chunk& c, std::uintptr_t at) const noexcept { return (at - c.base) / page; }
-  std::uintptr_t page_address(const page_ref& r) const noexcept { return r.c->base + r.index * page; }
+  static std::size_t page_of(int device, const vmm_pool_options& o);
 
   vmm_pool_options opt;
   std::size_t page = 0;           // bytes of every physical page
@@ -116,6 +101,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
 
   // Every handle the pool holds; changed only under the growth mutex.
   std::unordered_map<std::uint64_t, page_home> homes;
+  std::size_t peak_used = 0;
+  std::uint64_t handles_made = 0;  // ranks (growth mutex)  // the most bytes in use seen at a growth (growth mutex)
 
   std::atomic<std::size_t> address_bytes{0};
   std::atomic<std::size_t> pages_created{0};

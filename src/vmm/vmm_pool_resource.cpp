@@ -19,10 +19,10 @@ namespace vm = detail::vmm;
 
 namespace {
 
-detail::stream_pool_settings settings_of(const vmm_pool_options& o) {
+detail::stream_pool_settings settings_of(const vmm_pool_options& o, std::size_t page) {
   return {.reuse_across_streams = o.reuse_across_streams, .quick_cache = o.quick_cache,
           .fence_interval = o.fence_interval, .fence_bytes = o.fence_bytes,
-          .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures};
+          .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures, .page_bytes = page};
 }
 
 int checked_device(int device, const vmm_pool_options& o) {
@@ -33,15 +33,20 @@ int checked_device(int device, const vmm_pool_options& o) {
 
 }  // namespace
 
-vmm_pool_resource::impl::impl(int dev, vmm_pool_options o)
-    : opt(std::move(o)), pool("vmm_pool_resource", checked_device(dev, opt), settings_of(opt)) {
-  pool.set_backing(this);
-  const std::size_t g = vm::granularity(dev);
-  if (opt.page_bytes != 0 && opt.page_bytes % g != 0) {
-    throw logic_error("gpumem::vmm_pool_resource: page_bytes (" + std::to_string(opt.page_bytes) +
-                      ") must be a multiple of the device's granularity (" + std::to_string(g) + ")");
+std::size_t vmm_pool_resource::impl::page_of(int device, const vmm_pool_options& o) {
+  const std::size_t g = vm::granularity(checked_device(device, o));
+  if (o.page_bytes != 0 && (o.page_bytes % g != 0 || (o.page_bytes & (o.page_bytes - 1)) != 0)) {
+    throw logic_error("gpumem::vmm_pool_resource: page_bytes (" + std::to_string(o.page_bytes) +
+                      ") must be a power of two and a multiple of the device's granularity (" + std::to_string(g) + ")");
   }
-  page = opt.page_bytes != 0 ? opt.page_bytes : g;
+  return o.page_bytes != 0 ? o.page_bytes : g;
+}
+
+vmm_pool_resource::impl::impl(int dev, vmm_pool_options o)
+    : opt(std::move(o)),
+      page(page_of(dev, opt)),
+      pool("vmm_pool_resource", dev, settings_of(opt, page)) {
+  pool.set_backing(this);
   device_total = device_memory_info(dev).total_bytes;
   if (page > device_total) {
     throw logic_error("gpumem::vmm_pool_resource: page_bytes (" + std::to_string(page) +
@@ -151,13 +156,16 @@ std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_piece
 
 vmm_pool_statistics vmm_pool_resource::statistics() const {
   impl& m = *impl_;
+  std::lock_guard growing(m.pool.growth_mutex);  // the handles' places change only under it
   const detail::pool_totals t = m.pool.collect();
   std::size_t alias_pages = 0;
   {
     std::shared_lock lock(m.pool.arenas_mutex);
     for (auto& [key, a] : m.pool.arenas) {
       std::lock_guard g(a->lock);
-      for (const detail::block* b : a->aliases) alias_pages += b->size / m.page;
+      for (const detail::chunk* c : a->chunks) {
+        for (std::size_t i = 0; i < c->pages.size(); ++i) alias_pages += c->pages[i] != 0 && !c->is_ready(i);
+      }
     }
   }
   vmm_pool_statistics s;

@@ -25,7 +25,7 @@ TEST(PoolPrograms, RandomProgramsKeepEveryInvariant) {
 TEST(PoolPrograms, RandomVmmPoolProgramsKeepEveryInvariant) {
   if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
   std::mt19937 rng(20261122);
-  for (int program = 0; program < 40; ++program) {
+  for (int program = 0; program < (getenv("PROGRAMS") ? atoi(getenv("PROGRAMS")) : 40); ++program) {
     std::vector<std::uint8_t> bytes(1500);
     for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
     const std::string failure = run_vmm_pool_program(bytes.data(), bytes.size());

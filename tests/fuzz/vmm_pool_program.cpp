@@ -60,7 +60,9 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
       return {};
     };
     for (int step = 0; !in.empty() && step < 300; ++step) {
+      if (getenv("DBG_INSPECT")) { if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return "before step " + std::to_string(step) + ": " + v; }
       const std::uint8_t op = in.byte() % 8;
+      if (getenv("DBG_INSPECT")) fprintf(stderr, "step %d op %d\n", step, op);
       stream& s = program_streams()[in.byte() % 3];
       if (op <= 3) {  // allocate: from a few bytes to 1 GiB, mostly small
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 15));

@@ -135,7 +135,8 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
   peak_counter live;
 
   // ---- streams and threads as logged ----
-  std::map<std::uint64_t, std::unique_ptr<stream>> streams;
+  replay_stream_set own_streams;
+  auto& streams = (options.streams != nullptr ? *options.streams : own_streams).by_logged;
   auto view_of = [&](std::uint64_t logged) -> stream_view {
     if (logged == 0) return stream_view{};
     if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY)) return stream_view::legacy_default();

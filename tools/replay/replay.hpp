@@ -5,11 +5,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/event_log_reader.hpp"
 #include "gpumem/memory_resource.hpp"
+#include "gpumem/stream.hpp"
 
 namespace gpumem::tools {
 
@@ -18,11 +21,20 @@ enum class replay_order {
   thread,  // each thread in its own order; a free waits only for its allocation
 };
 
+// Streams a caller keeps across replays (replay_options::streams).
+struct replay_stream_set {
+  std::map<std::uint64_t, std::unique_ptr<stream>> by_logged;  // by the logged stream handle
+};
+
 struct replay_options {
   std::string resource = "pool";  // GPUMEM_CONF grammar
   int device = 0;
   replay_order order = replay_order::seq;
   std::string source = "app";     // the rows replayed; "upstream" rows are what the original pool did
+  // When set, the replay's streams come from (and stay in) this set, so that the
+  // replays of a log on one resource run on the same streams, as a program's
+  // later steps do; else each replay makes its own.
+  replay_stream_set* streams = nullptr;
 };
 
 struct replay_result {
