@@ -42,6 +42,11 @@ struct vmm_pool_options {
   // Addresses each stream's segment reserves (0: the device's memory). A stream
   // reserves another segment only when none of its ranges is long enough.
   std::size_t segment_bytes = 0;
+  // Requests of at least this many bytes get slots: whole pages that keep their
+  // address range for life and, freed, wait for the next request of their size
+  // while their pages serve elsewhere (docs/vmm.md, "Slots"). 0: two pages;
+  // SIZE_MAX: none.
+  std::size_t slot_min_bytes = 0;
   // Free physical memory the pool keeps: above it, whole free pages whose frees
   // are complete go back to the device, checked at growth and on trim().
   // Default: keep it all (memory is given back when asked: trim(), release()).

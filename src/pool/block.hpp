@@ -26,7 +26,12 @@ struct block {
   // is safe for other streams once the arena's fence covers this count.
   std::uint64_t free_epoch = 0;
   bool free = false;    // in the free index
-  bool cached = false;  // freed into the arena's quick cache (not free, not live)
+  bool cached = false;  // freed into the arena's quick cache or slot cache (not free, not live)
+  // Paged pools only (Note [Slots for large requests], src/vmm/page_slots.cpp):
+  // a slot, a large block that keeps its address range and size for life; or
+  // vacant addresses of a segment of slots (in no index, never handed out).
+  bool slot = false;
+  bool vacant = false;
 };
 
 struct chunk {
@@ -43,6 +48,7 @@ struct chunk {
   std::vector<std::uint64_t> ready;
   std::vector<std::uint32_t> busy;
   std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0
+  bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
   void set_ready(std::size_t i, bool on) noexcept {

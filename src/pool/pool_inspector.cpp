@@ -52,6 +52,16 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         if (b->address != at) return "blocks do not tile their chunk (gap or overlap)";
         if (b->size == 0 || b->size % stream_ordered_pool::granule != 0) return "block size not a granule multiple";
         at += b->size;
+        if (b->vacant) {
+          if (b->free || b->cached || b->slot || !c->for_slots) return "a vacant block is not only vacant";
+          if (prev != nullptr && prev->vacant) return "two vacant neighbours were not merged";
+          for (std::size_t q = (b->address - c->base) / page; q < (b->address + b->size - c->base) / page; ++q) {
+            if (c->pages[q] != 0) return "vacant addresses map a page";
+          }
+          continue;
+        }
+        if (c->for_slots && !b->slot) return "a segment of slots holds a block that is not a slot";
+        if (b->slot && (b->address % page != 0 || b->size % page != 0)) return "a slot is not whole pages";
         if (b->free) {
           if (b->cached) return "a block is both free and cached";
           if (prev != nullptr && prev->free) return "two free neighbours were not merged";
@@ -92,7 +102,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
           << " bytes, the chunks " << free_count << " / " << free_bytes;
       return why.str();
     }
-    if (cached != a->quick.count()) return "the quick cache count disagrees with the blocks";
+    if (cached != a->quick.count() + a->slots.count()) return "the quick and slot caches' counts disagree with the blocks";
     if (a->live.size() != live + cached) return "the live map holds blocks that are not live";
     if (used != a->used_bytes) {
       why << "used_bytes " << a->used_bytes << " but live blocks add up to " << used;

@@ -49,6 +49,10 @@ stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_p
 
 bool pool_backing::make_ready(arena&, block*) { return true; }
 
+void* pool_backing::allocate_slot(arena&, const pool_request&, block*) {
+  throw logic_error("gpumem: this pool has no slots");
+}
+
 stream_ordered_pool::~stream_ordered_pool() {
   for (auto& [key, a] : arenas) {
     if (a->fence != nullptr) (void)driver().cuEventDestroy(a->fence);
@@ -231,7 +235,7 @@ void stream_ordered_pool::record_fence(arena& a) {
 }
 
 chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch,
-                                      std::size_t page_bytes) {
+                                      std::size_t page_bytes, bool for_slots) {
   auto c = std::make_unique<chunk>();
   c->base = base;
   c->size = bytes;
@@ -256,9 +260,14 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
   raw->first = b;
   a.chunks.push_back(raw);
   if (page_bytes == 0) a.reserved_bytes += bytes;  // a paged segment has no memory yet
-  b->free = true;
+  raw->for_slots = for_slots;
   b->free_epoch = epoch;
-  a.free.insert(b);
+  if (for_slots) {
+    b->vacant = true;
+  } else {
+    b->free = true;
+    a.free.insert(b);
+  }
   return raw;
 }
 
@@ -353,6 +362,51 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   throw_out_of_memory(r.requested);
 }
 
+void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
+  const std::size_t page = settings.page_bytes;
+  const std::size_t size = (bytes + page - 1) / page * page;
+  const pool_request r{.size = size, .requested = bytes, .alignment = page, .need = size};
+  block* candidate = nullptr;
+  {
+    std::lock_guard lock(a.lock);
+    if (block* b = a.slots.pop(size)) {
+      if (pages_ready(b)) [[likely]] {
+        b->cached = false;
+        b->requested_bytes = bytes;
+        a.used_bytes += size;
+        add_busy(b, 1);
+        return reinterpret_cast<void*>(b->address);
+      }
+      candidate = b;  // some of its pages went elsewhere: the backing takes them back or picks another
+    }
+  }
+  if (size > backing->largest_possible()) {
+    if (candidate != nullptr) {
+      std::lock_guard lock(a.lock);
+      a.slots.push(candidate);
+    }
+    throw_out_of_memory(bytes);
+  }
+  std::lock_guard growing(growth_mutex);
+  if (void* p = backing->allocate_slot(a, r, candidate)) return p;
+  // Memory is short: make every free complete, and try once more.
+  synchronize_and_fence_everything();
+  if (void* p = backing->allocate_slot(a, r, nullptr)) return p;
+  throw_out_of_memory(bytes);
+}
+
+void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch) {
+  if (page_shift != 0) add_busy(b, -1);
+  if (b->slot) {
+    b->free_epoch = epoch;
+    b->cached = true;
+    a.live.insert(b->address, b);
+    a.slots.push(b);
+    return;
+  }
+  free_into(a, b, epoch);
+}
+
 void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   arena* owner = nullptr;
@@ -415,8 +469,7 @@ bool stream_ordered_pool::absorb_pending(arena& a) {
   bool absorbed = false;
   for (std::size_t i = 0; i < a.pending.size();) {
     if (a.pending[i].sequence <= upto) {
-      if (page_shift != 0) add_busy(a.pending[i].freed, -1);
-      free_into(a, a.pending[i].freed, ++a.frees);
+      release_block(a, a.pending[i].freed, ++a.frees);
       a.pending[i] = a.pending.back();
       a.pending.pop_back();
       absorbed = true;
@@ -426,6 +479,20 @@ bool stream_ordered_pool::absorb_pending(arena& a) {
   }
   if (absorbed) record_fence(a);  // the absorbed blocks become usable by others too
   return absorbed;
+}
+
+void stream_ordered_pool::absorb_completed_pending(arena& a) {
+  for (std::size_t i = 0; i < a.pending.size();) {
+    const CUresult r = a.pending[i].fence != nullptr ? driver().cuEventQuery(a.pending[i].fence) : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+      release_block(a, a.pending[i].freed, 0);
+      a.pending[i] = a.pending.back();
+      a.pending.pop_back();
+    } else {
+      if (r != CUDA_ERROR_NOT_READY) check(r, "cuEventQuery", __FILE__, __LINE__);
+      ++i;
+    }
+  }
 }
 
 void stream_ordered_pool::synchronize_and_fence_everything() {
@@ -449,8 +516,7 @@ void stream_ordered_pool::synchronize_and_fence_everything() {
     a->settled_frees = std::max(a->settled_frees, frees);
     for (std::size_t i = 0; i < a->pending.size();) {
       if (a->pending[i].sequence <= pending_upto) {
-        if (page_shift != 0) add_busy(a->pending[i].freed, -1);
-        free_into(*a, a->pending[i].freed, frees);
+        release_block(*a, a->pending[i].freed, frees);
         a->pending[i] = a->pending.back();
         a->pending.pop_back();
       } else {
@@ -468,10 +534,10 @@ pool_totals stream_ordered_pool::collect() {
     flush_quick(*a);  // report coalesced blocks, as they are after any slow path
     s.used_bytes += a->used_bytes;
     s.reserved_bytes += a->reserved_bytes;
-    s.free_bytes += a->free.bytes();
-    s.free_blocks += a->free.count();
+    s.free_bytes += a->free.bytes() + a->slots.bytes();
+    s.free_blocks += a->free.count() + a->slots.count();
     s.largest_free_block = std::max(s.largest_free_block, a->free.largest());
-    s.allocations += a->live.size();
+    s.allocations += a->live.size() - a->slots.count();
     s.chunks += a->chunks.size();
     for (const auto& pf : a->pending) {
       s.free_bytes += pf.freed->size;

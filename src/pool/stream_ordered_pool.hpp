@@ -44,6 +44,9 @@ struct stream_pool_settings {
   // their pages (chunk::pages, ready, busy) and a block carved over pages that
   // are not ready goes to the backing's make_ready. 0: every chunk is memory.
   std::size_t page_bytes = 0;
+  // Paged pools: requests of at least this many bytes (aligned to at most a
+  // page) are slots (Note [Slots for large requests]); the default means none.
+  std::size_t slot_min_bytes = ~std::size_t{0};
 };
 
 // One request on the slow path: `size` rounded to the granule, `need` with room
@@ -78,6 +81,11 @@ class pool_backing {
   // its own (the growth mutex held, no arena lock). False when memory is short
   // (b is then freed by the engine, keeping what it got).
   virtual bool make_ready(arena& a, block* b);
+  // Paged pools: a slot for the request (r.size whole pages), the growth mutex
+  // held: `candidate`, a free slot of that size whose pages are not all ready,
+  // when the cache had one (used, or put back); else another free slot, or a new
+  // one. Null when memory is short.
+  virtual void* allocate_slot(arena& a, const pool_request& r, block* candidate);
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
   // Requests that need more than this fail at once, without a device synchronisation.
@@ -143,8 +151,17 @@ class stream_ordered_pool {
 
   // ---- slow paths; no lock held on entry ----
   void* allocate_slow(arena& a, const pool_request& r);
+  // Requests of slot_min_bytes or more: a free slot of the size, else the backing.
+  void* allocate_slot(arena& a, std::size_t bytes);
+  // A block freed on another stream, or when the device was synchronised, made
+  // free in its arena; a slot goes back to the slot cache. a's lock is held.
+  void release_block(arena& a, block* b, std::uint64_t epoch);
   void deallocate_foreign(arena& caller, void* ptr, std::size_t bytes);
   bool absorb_pending(arena& a);
+  // The blocks other streams freed back to `a` whose frees the host has seen
+  // complete (their fence queried): free in `a` at once, needing no wait from
+  // anyone (epoch 0). a's lock is held. Any thread may call it.
+  void absorb_completed_pending(arena& a);
   // `fence`: an arena's fence event, read under that arena's lock (null: never
   // recorded, so nothing to wait for).
   void wait_for(arena& waiter, CUevent fence);
@@ -154,11 +171,12 @@ class stream_ordered_pool {
   [[noreturn]] void throw_out_of_memory(std::size_t requested);
 
   // ---- chunks ----
-  // Registers a chunk owned by `a` whose whole range is one block: free and mapped
-  // with `epoch`; or, given `page_bytes` (a paged pool's segment), free addresses
-  // without memory, with a slot per page for its handle. Takes a's lock.
+  // Registers a chunk owned by `a` whose whole range is one free block with
+  // `epoch`; given `page_bytes` (a paged pool's segment), a block without memory
+  // and the chunk's page records, and, `for_slots`, a vacant block (no free
+  // index). Takes a's lock.
   chunk* add_chunk(arena& a, std::uintptr_t base, std::size_t bytes, std::uint64_t epoch,
-                   std::size_t page_bytes = 0);
+                   std::size_t page_bytes = 0, bool for_slots = false);
   // The chunk holding address, or null (chunks_mutex is taken).
   chunk* chunk_of(std::uintptr_t address) const;
   CUstream maintenance_stream();
@@ -219,6 +237,9 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) [[unlikely]] {
     throw_capturing(name, "allocate", stream.handle());
   }
+  if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) [[unlikely]] {
+    return allocate_slot(a, bytes);
+  }
   const std::size_t size = (bytes + granule - 1) & ~(granule - 1);
   const std::size_t need = alignment > granule ? size + alignment - granule : size;
   block* unready = nullptr;
@@ -233,8 +254,8 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
       add_busy(b, 1);
       if (pages_ready(b)) return reinterpret_cast<void*>(b->address);
       unready = b;
-    } else if (block* b = a.free.find(need)) [[likely]] {
-      block* out = carve(a, b, size, bytes, alignment);
+    } else if (block* f = a.free.find(need)) [[likely]] {
+      block* out = carve(a, f, size, bytes, alignment);
       if (page_shift == 0 || pages_ready(out)) [[likely]] return reinterpret_cast<void*>(out->address);
       unready = out;
     }
@@ -286,7 +307,10 @@ inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream
       const std::size_t size = b->size;
       b->free_epoch = ++a.frees;
       if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
-      if (settings.quick_cache && a.quick.push(b)) {
+      if (b->slot) [[unlikely]] {
+        b->cached = true;  // stays in `live`, as a quick-cached block does
+        a.slots.push(b);
+      } else if (settings.quick_cache && a.quick.push(b)) {
         b->cached = true;  // stays in `live` so the next allocation of its size skips the map
       } else {
         a.live.erase(address);

@@ -27,8 +27,10 @@ namespace gpumem::detail::simulator {
 namespace {
 
 constexpr std::size_t gran = vmm_space::granularity;
-// Address space: this many times the devices' total capacity (halved until the host gives it).
-constexpr std::size_t address_factor = 4;
+// Address space: this many times the devices' total capacity (halved until the host gives
+// it). A GPU's is far larger than its memory; pools reserve a device's memory or more of
+// addresses per stream (vmm_pool_resource's segments).
+constexpr std::size_t address_factor = 16;
 // Each device's memfd is this many times its capacity (sparse: costs nothing until touched).
 constexpr std::size_t backing_factor = 4;
 constexpr int reserved_flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;

@@ -2,8 +2,6 @@
 // page comes from when a block needs one, and giving pages back. Read Note
 // [Pages under the blocks] in page_blocks.cpp first.
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -41,7 +39,7 @@ namespace vm = detail::vmm;
 // Growth, in the engine's sense (no free block fits the request), only reserves
 // addresses: a new segment, one free block without memory.
 
-detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need) {
+detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need, bool for_slots) {
   const std::size_t bytes = std::max(segment_bytes, vm::round_up(need, page));
   const CUdeviceptr base = vm::reserve(pool.device, bytes, 0, page);
   if (base == 0) {
@@ -50,7 +48,7 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need) 
   }
   address_bytes += bytes;
   try {
-    return pool.add_chunk(a, base, bytes, 0, page);
+    return pool.add_chunk(a, base, bytes, 0, page, for_slots);
   } catch (...) {
     vm::free_addresses(pool.device, base, bytes);
     address_bytes -= bytes;
@@ -58,8 +56,25 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need) 
   }
 }
 
+void vmm_pool_resource::impl::note_moves(std::size_t moved) {
+  pages_moved += moved;
+  moved_since_peak += moved;
+  // A loop that keeps moving pages without needing more at its peak: half the
+  // pool moved since the peak last rose. Double the slack (up to 1/4 of the peak).
+  const std::size_t held_pages = pool.reserved_bytes.load() / page;
+  if (moved_since_peak > held_pages / 2 + 16) {
+    slack = std::min(std::max(2 * slack, peak_used / 8), peak_used / 4);
+    moved_since_peak = 0;
+  }
+}
+
 bool vmm_pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_short*/) {
-  if (getenv("DBG")) { std::lock_guard l(a.lock); fprintf(stderr, "GROW need=%zu free=%zu largest=%zu pending=%zu live=%zu quick=%zu\n", need, a.free.bytes(), a.free.largest(), a.pending.size(), a.live.size(), a.quick.count()); }
+  {
+    // Addresses are what growth adds: when a free block fits, it was memory that
+    // fell short (make_ready), and more addresses would not help.
+    std::lock_guard lock(a.lock);
+    if (a.free.find(need) != nullptr) return false;
+  }
   new_segment(a, need);
   return true;
 }
@@ -79,19 +94,15 @@ std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector
 }
 
 std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const std::vector<arena*>& others,
-                                                                 std::size_t count, std::size_t displaced) {
+                                                                 std::size_t count) {
   std::vector<std::uint64_t> out;
   out.reserve(count);
   std::size_t created = 0;
-  // For displaced pages, within the slack above the peak of the bytes in use, new
-  // pages come first: a page taken from another place is one that place may want
-  // back at the next step, where a new page settles the conflict for good.
-  static const std::size_t slack_div = getenv("SLACKDIV") ? std::stoul(getenv("SLACKDIV")) : 16;
-  const std::size_t slack_limit = peak_used + peak_used / slack_div + 2 * page;
+  // Within the slack above the peak of the bytes in use, new pages come first
+  // (Note [Pages, frugal first]).
+  const std::size_t slack_limit = peak_used + std::max(slack, peak_used / 16) + 2 * page;
   const std::size_t held = pool.reserved_bytes.load();
-  if (displaced != 0 && held < slack_limit) {
-    created = create_pages(std::min(displaced, (slack_limit - held) / page), out);
-  }
+  if (held < slack_limit) created = create_pages(std::min(count, (slack_limit - held) / page), out);
   // 1. The arena's own free pages.
   if (out.size() < count) take_pages(a, count - out.size(), out, [](const block*) { return true; });
   // 2. Other streams' settled free pages; the others are asked to fence their frees.
@@ -99,11 +110,16 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
       settle(*s);
-      take_pages(*s, count - out.size(), out, [&](const block* b) { return is_settled(*s, b->free_epoch); });
+      pool.absorb_completed_pending(*s);  // frees other streams made of its blocks, complete now
+      auto settled = [&](const block* b) { return is_settled(*s, b->free_epoch); };
+      take_pages(*s, count - out.size(), out, settled);
+      if (out.size() < count) take_whole_slots(*s, count - out.size(), out, settled);
       if (s->fenced_frees < s->frees) s->fence_requested.store(true, std::memory_order_relaxed);
       if (out.size() == count) break;
     }
   }
+  // The arena's free slots' pages, whole slots first.
+  if (out.size() < count) take_whole_slots(a, count - out.size(), out, [](const block*) { return true; });
   // 3. The device, within the budget.
   if (out.size() < count) created += create_pages(count - out.size(), out);
   // 4. Other streams' fenced free pages, after a device-side wait on their fences.
@@ -111,12 +127,14 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
       const std::size_t before = out.size();
-      take_pages(*s, count - out.size(), out, [&](const block* b) { return s->is_fenced(b); });
+      auto fenced = [&](const block* b) { return s->is_fenced(b); };
+      take_pages(*s, count - out.size(), out, fenced);
+      if (out.size() < count) take_whole_slots(*s, count - out.size(), out, fenced);
       if (out.size() > before) pool.wait_for(a, s->fence);
       if (out.size() == count) break;
     }
   }
-  pages_moved += out.size() - created;
+  note_moves(out.size() - created);
   return out;
 }
 

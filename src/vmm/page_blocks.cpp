@@ -3,8 +3,6 @@
 // growth mutex and the arena's lock are held where vmm_pool_impl.hpp says.
 #include <algorithm>
 #include <bit>
-#include <cstdio>
-#include <cstdlib>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -87,7 +85,10 @@ void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& oth
     std::lock_guard lock(s->lock);
     used += s->used_bytes;
   }
-  peak_used = std::max(peak_used, used);
+  if (used > peak_used) {
+    peak_used = used;
+    moved_since_peak = 0;
+  }
 }
 
 void vmm_pool_resource::impl::wait_settled(arena& a, std::uint64_t epoch) {
@@ -132,7 +133,7 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
         if ((i & 63) == 0 && i + 64 <= span.end && c.ready[i >> 6] == 0) i += 63;
         continue;
       }
-      found.push_back({getenv("MRU") ? c.freed_at[i] : ~homes.at(c.pages[i]).rank, &c, i});
+      found.push_back({c.freed_at[i], &c, i});
     }
   };
   s.free.find_if(page, [&](const block* b) {
@@ -204,7 +205,6 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
     const std::size_t first = (b->address - c.base) / page;
     const std::size_t last = (b->address + b->size - 1 - c.base) / page;
     std::vector<std::size_t> missing;
-    std::size_t displaced = 0;  // pages whose alias went because another block holds its page
     for (std::size_t i = first; i <= last; ++i) {
       if (c.is_ready(i)) continue;
       if (c.pages[i] != 0) {
@@ -223,17 +223,15 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
         //    it is not yet, this waits for the stream's own work up to that free
         //    (cuEventSynchronize on its fence; never the device), which only the
         //    first steps of a loop meet (Note [Pages under the blocks]).
-        if (getenv("DBGD")) fprintf(stderr, "DISP p=%zu blk=[%zu,%zu) holder=%zu holder_busy=%u\n", i, first, last + 1, there.c ? there.index : 999999, there.c ? there.c->busy[there.index] : 0);
         wait_settled(a, b->free_epoch);
         unmap_alias(c, i);
-        ++displaced;
       }
       missing.push_back(i);
     }
     // 3. Pages for the rest, mapped run by run.
     if (complete && !missing.empty()) {
       note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size(), displaced);
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
       for (std::size_t k = 0; k < handles.size();) {
         std::size_t n = 1;
         while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;
@@ -247,23 +245,37 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
   return complete;
 }
 
+template <class F>
+void vmm_pool_resource::impl::for_each_settled_free(arena& s, F&& f) {
+  // Free blocks, then blocks waiting in the quick cache and free slots: none is
+  // busy, and each is settled when its free is.
+  s.free.find_if(page, [&](const block* b) {
+    if (is_settled(s, b->free_epoch)) f(b);
+    return false;
+  });
+  s.quick.for_each([&](const block* b) {
+    if (is_settled(s, b->free_epoch)) f(b);
+  });
+  s.slots.for_each_until([&](const block* b) {
+    if (is_settled(s, b->free_epoch)) f(b);
+    return false;
+  });
+}
+
 void vmm_pool_resource::impl::reap_aliases(arena& s) {
   settle(s);
-  s.free.find_if(page, [&](const block* b) {
-    if (!is_settled(s, b->free_epoch)) return false;
+  for_each_settled_free(s, [&](const block* b) {
     chunk& c = *b->owner;
     const page_span span = whole_pages(b, page);
     for (std::size_t i = span.first; i < span.end; ++i) {
       if (c.pages[i] != 0 && !c.is_ready(i)) unmap_alias(c, i);
     }
-    return false;
   });
 }
 
 std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at_most) {
   std::size_t released = 0;
-  s.free.find_if(page, [&](const block* b) {
-    if (!is_settled(s, b->free_epoch)) return false;
+  for_each_settled_free(s, [&](const block* b) {
     chunk& c = *b->owner;
     const page_span span = whole_pages(b, page);
     for (std::size_t i = span.first; i < span.end && released + page <= at_most; ++i) {
@@ -280,8 +292,37 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
       ++pages_released;
       released += page;
     }
-    return released + page > at_most;
   });
+  // Free slots left without any page become vacant addresses again.
+  std::vector<block*> empty;
+  s.slots.for_each_until([&](block* y) {
+    const chunk& c = *y->owner;
+    const std::size_t first = page_index(c, y->address);
+    bool none = true;
+    for (std::size_t i = first; i < first + y->size / page && none; ++i) none = c.pages[i] == 0;
+    if (none) empty.push_back(y);
+    return false;
+  });
+  for (block* y : empty) {
+    s.slots.remove(y);
+    s.live.erase(y->address);
+    y->slot = false;
+    y->cached = false;
+    y->vacant = true;
+    if (block* prev = y->prev_in_chunk; prev != nullptr && prev->vacant) {
+      prev->size += y->size;
+      prev->next_in_chunk = y->next_in_chunk;
+      if (y->next_in_chunk != nullptr) y->next_in_chunk->prev_in_chunk = prev;
+      s.slab.recycle(y);
+      y = prev;
+    }
+    if (block* next = y->next_in_chunk; next != nullptr && next->vacant) {
+      y->size += next->size;
+      y->next_in_chunk = next->next_in_chunk;
+      if (next->next_in_chunk != nullptr) next->next_in_chunk->prev_in_chunk = y;
+      s.slab.recycle(next);
+    }
+  }
   return released;
 }
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -50,19 +51,36 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   bool make_ready(arena& a, block* b) override;
   std::size_t give_back(bool device_synchronized) override;
   void before_last_growth() override {}  // the growth after the synchronisation takes every free page
+  void* allocate_slot(arena& a, const detail::pool_request& r, block* candidate) override;
   std::string shortage(std::size_t requested) override;
   std::size_t largest_possible() const override { return maximum; }
 
   // Physical pages for `a` (growth mutex and a's lock held; `others`: the other
   // arenas): up to `count` handles, frugal first (Note [Pages, frugal first]).
-  // `displaced`: how many of them replace an alias whose page another block holds.
-  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count,
-                                          std::size_t displaced);
+  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count);
   // New handles from the device, at most `count`, within maximum_bytes.
   std::size_t create_pages(std::size_t count, std::vector<std::uint64_t>& out);
   // Gives the free pages above release_threshold_bytes back (growth mutex held).
   void enforce_threshold();
-  chunk* new_segment(arena& a, std::size_t need);
+  chunk* new_segment(arena& a, std::size_t need, bool for_slots = false);
+
+  // ---- slots (page_slots.cpp); growth mutex and a's lock held ----
+  // What using the free slot `s` takes (Note [Slots for large requests]): pages
+  // to take back from free pages of `a` (swaps) and pages to remap (conflicts).
+  struct slot_fit {
+    std::size_t conflicts = 0;
+    std::size_t swaps = 0;
+  };
+  slot_fit fit_of(arena& a, const block* s) const;
+  // Takes up to `count` pages of a's free slots, whole slots first (the one of
+  // the size left, else the smallest that covers it, else the largest).
+  std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,
+                               const std::function<bool(const block*)>& accept);
+  // The alias at page i of `c` becomes its handle's primary place again (swap).
+  void take_back(chunk& c, std::size_t i);
+  // Addresses for a new slot of `size` bytes from a's slot segments (a new
+  // segment when none has room; `lock`, on a, is released meanwhile).
+  block* new_slot(arena& a, std::size_t size, std::unique_lock<detail::spin_lock>& lock);
   void release_everything() noexcept;  // destruction
 
   // ---- the pages under an arena's blocks (page_blocks.cpp); its lock and the
@@ -79,7 +97,11 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // `out`; their places become aliases. Returns how many.
   std::size_t take_pages(arena& s, std::size_t count, std::vector<std::uint64_t>& out,
                          const std::function<bool(const block*)>& accept);
-  // Unmaps the aliases inside settled free blocks of `s`.
+  // Calls f on every block of `s` that is free for its pages (free, waiting in
+  // the quick cache, a free slot) and settled.
+  template <class F>
+  void for_each_settled_free(arena& s, F&& f);
+  // Unmaps the aliases inside the settled free blocks of `s`.
   void reap_aliases(arena& s);
   // Gives whole ready pages of settled free blocks of `s` whose handles have no
   // alias back to the device, at most `at_most` bytes. Returns bytes.
@@ -101,7 +123,10 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
 
   // Every handle the pool holds; changed only under the growth mutex.
   std::unordered_map<std::uint64_t, page_home> homes;
-  std::size_t peak_used = 0;
+  std::size_t peak_used = 0;         // the most bytes in use seen when pages were needed (growth mutex)
+  std::size_t slack = 0;             // memory above peak_used that new pages may take first
+  std::size_t moved_since_peak = 0;  // pages moved since peak_used last rose
+  void note_moves(std::size_t moved);
   std::uint64_t handles_made = 0;  // ranks (growth mutex)  // the most bytes in use seen at a growth (growth mutex)
 
   std::atomic<std::size_t> address_bytes{0};

@@ -22,7 +22,8 @@ namespace {
 detail::stream_pool_settings settings_of(const vmm_pool_options& o, std::size_t page) {
   return {.reuse_across_streams = o.reuse_across_streams, .quick_cache = o.quick_cache,
           .fence_interval = o.fence_interval, .fence_bytes = o.fence_bytes,
-          .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures, .page_bytes = page};
+          .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures, .page_bytes = page,
+          .slot_min_bytes = o.slot_min_bytes != 0 ? std::max(o.slot_min_bytes, page) : 2 * page};
 }
 
 int checked_device(int device, const vmm_pool_options& o) {
@@ -67,7 +68,7 @@ void vmm_pool_resource::impl::release_everything() noexcept {
     std::size_t live_count = 0;
     std::size_t live_bytes = 0;
     for (auto& [key, a] : pool.arenas) {
-      live_count += a->live.size() - a->quick.count();
+      live_count += a->live.size() - a->quick.count() - a->slots.count();
       live_bytes += a->used_bytes;
     }
     if (live_count != 0) {

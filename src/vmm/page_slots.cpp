@@ -1,0 +1,248 @@
+// vmm_pool_resource: slots, the blocks of large requests. The growth mutex and
+// the arena's lock are held throughout (vmm_pool_impl.hpp).
+#include <algorithm>
+#include <tuple>
+
+#include "vmm/virtual_memory.hpp"
+#include "vmm/vmm_pool_impl.hpp"
+
+namespace gpumem {
+namespace vm = detail::vmm;
+
+// Note [Slots for large requests]
+// A request of slot_min_bytes or more (two pages by default) gets a slot: a
+// block of whole pages, page-aligned, in a segment of the arena that holds
+// slots only; a slot is never split or merged and keeps its address range for
+// life. Freed, it waits in the arena's slot cache (exact size, the most recently
+// freed first) with its pages still mapped, and the next request of its size
+// takes it on the hot path when its pages are still its own (ready).
+//
+// Its pages are free memory meanwhile: when a block elsewhere needs pages,
+// they move like any free page (Note [Pages under the blocks]), and the slot
+// keeps their old places as aliases. A request that finds a slot whose pages
+// are not all ready looks, off the hot path, at the free slots of its size for
+// one whose every page is ready or an alias of a page that is free now (busy
+// 0) in this arena: it takes those back by swapping primary and alias (no
+// driver call). Only when none is usable does it make a new slot: addresses
+// from the arena's slot segments, pages frugal first (Note [Pages, frugal
+// first]), mapped there; their old places become aliases.
+//
+// A slot never has a page remapped: a slot that cannot be used now simply
+// waits, and the request gets another one. This is what makes a loop settle
+// (as GMLake's stitched blocks do): the pages of tensors that are never live at
+// once end up mapped in several slots, one for each, and every step finds for
+// each request a slot of its size whose pages are all free, whatever the
+// order; taking it swaps bookkeeping only, and a step makes no driver call.
+// Slots cost addresses, not memory: a slot's aliases hold no memory of their
+// own. The price is rounding: a slot is whole pages, at most a page per large
+// request more than asked (under half of it at two pages, a few percent for
+// the sizes that dominate training and inference).
+//
+// trim() and release() unmap the settled aliases and give back the free
+// pages; a free slot left without pages becomes vacant addresses again.
+
+vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, const block* s) const {
+  const chunk& c = *s->owner;
+  const std::size_t first = page_index(c, s->address);
+  slot_fit f;
+  for (std::size_t i = first; i < first + s->size / page; ++i) {
+    if (c.is_ready(i)) continue;
+    if (c.pages[i] == 0) {
+      ++f.conflicts;
+      continue;
+    }
+    const page_ref& there = homes.at(c.pages[i]).primary;
+    if (there.c == nullptr || there.c->owner != &a || there.c->busy[there.index] != 0) {
+      ++f.conflicts;
+    } else {
+      ++f.swaps;
+    }
+  }
+  return f;
+}
+
+void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
+  page_home& h = homes.at(c.pages[i]);
+  const page_ref there = h.primary;
+  there.c->set_ready(there.index, false);
+  *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
+  h.primary = {&c, i};
+  c.set_ready(i, true);
+  ++pages_revived;
+}
+
+vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std::size_t size,
+                                                                   std::unique_lock<detail::spin_lock>& lock) {
+  auto find_vacant = [&]() -> block* {
+    for (chunk* c : a.chunks) {
+      if (!c->for_slots) continue;
+      for (block* b = c->first; b != nullptr; b = b->next_in_chunk) {
+        if (b->vacant && b->size >= size) return b;
+      }
+    }
+    return nullptr;
+  };
+  block* v = find_vacant();
+  if (v == nullptr) {
+    // Free slots that can give their addresses back first (their pages go back
+    // to the device, or stay where they serve as primaries), then a new segment.
+    reap_aliases(a);
+    release_free_pages(a, ~std::size_t{0});
+    v = find_vacant();
+  }
+  if (v == nullptr) {
+    lock.unlock();
+    new_segment(a, size, true);
+    lock.lock();
+    v = find_vacant();
+    if (v == nullptr) return nullptr;
+  }
+  block* s = v;
+  if (v->size > size) {
+    s = detail::stream_ordered_pool::split_off_front(a, v, size);
+    v->size -= size;
+  }
+  s->vacant = false;
+  s->slot = true;
+  return s;
+}
+
+std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,
+                                                      const std::function<bool(const block*)>& accept) {
+  // Free slots with pages of their own, and how many.
+  std::vector<std::pair<block*, std::size_t>> have;
+  a.slots.for_each_until([&](block* y) {
+    if (!accept(y)) return false;
+    const chunk& c = *y->owner;
+    const std::size_t first = page_index(c, y->address);
+    std::size_t n = 0;
+    for (std::size_t i = first; i < first + y->size / page; ++i) n += c.is_ready(i);
+    if (n != 0) have.emplace_back(y, n);
+    return false;
+  });
+  std::size_t got = 0;
+  while (got < count && !have.empty()) {
+    const std::size_t want = count - got;
+    // The slot with exactly the pages left, else the fewest that cover them, else the most.
+    std::size_t pick = 0;
+    for (std::size_t k = 1; k < have.size(); ++k) {
+      const std::size_t nk = have[k].second, np = have[pick].second;
+      const bool k_covers = nk >= want, p_covers = np >= want;
+      if (k_covers != p_covers ? k_covers : (k_covers ? nk < np : nk > np)) pick = k;
+    }
+    block* y = have[pick].first;
+    have.erase(have.begin() + static_cast<std::ptrdiff_t>(pick));
+    chunk& c = *y->owner;
+    const std::size_t first = page_index(c, y->address);
+    for (std::size_t i = first + y->size / page; i-- > first && got < count;) {
+      if (!c.is_ready(i)) continue;
+      page_home& h = homes.at(c.pages[i]);
+      h.aliases.push_back({&c, i});
+      h.primary = {};  // moving: map_pages gives it its new place
+      c.set_ready(i, false);
+      out.push_back(c.pages[i]);
+      a.reserved_bytes -= page;
+      ++got;
+    }
+  }
+  return got;
+}
+
+void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_request& r, block* candidate) {
+  const std::vector<arena*> others = pool.arenas_except(&a);
+  pool.absorb_pending(a);  // slots other streams freed back to this one
+  std::unique_lock lock(a.lock);
+  auto hand_out = [&](block* s) {
+    if (!s->cached) a.live.insert(s->address, s);
+    s->cached = false;
+    s->requested_bytes = r.requested;
+    a.used_bytes += s->size;
+    pool.add_busy(s, 1);
+    return reinterpret_cast<void*>(s->address);
+  };
+  // 1. The free slot of the size that needs the fewest pages remapped (then
+  //    the fewest swaps): used as it is when none, repaired when under half.
+  std::vector<block*> passed;
+  block* best = nullptr;
+  slot_fit best_fit{~std::size_t{0}, ~std::size_t{0}};
+  std::uintptr_t best_addr = ~std::uintptr_t{0};
+  for (block* s = candidate != nullptr ? candidate : a.slots.pop(r.size); s != nullptr; s = a.slots.pop(r.size)) {
+    passed.push_back(s);
+    const slot_fit f = fit_of(a, s);
+    // The lowest address breaks ties: the choice depends on the slots and their
+    // pages, not on the order they were freed in, so a loop makes it the same way
+    // at every step.
+    if (std::tie(f.conflicts, s->address) < std::tie(best_fit.conflicts, best_addr)) {
+      best = s;
+      best_fit = f;
+      best_addr = s->address;
+    }
+  }
+  const std::size_t n = r.size / page;
+  if (best != nullptr && best_fit.conflicts * 2 >= n) best = nullptr;
+  for (auto it = passed.rbegin(); it != passed.rend(); ++it) {
+    if (*it != best) a.slots.push(*it);
+  }
+  if (best != nullptr) {
+    chunk& c = *best->owner;
+    const std::size_t first = page_index(c, best->address);
+    std::vector<std::size_t> missing;
+    for (std::size_t i = first; i < first + n; ++i) {
+      if (c.is_ready(i)) continue;
+      if (c.pages[i] != 0) {
+        const page_ref& there = homes.at(c.pages[i]).primary;
+        if (there.c != nullptr && there.c->owner == &a && there.c->busy[there.index] == 0) {
+          take_back(c, i);
+          continue;
+        }
+        // Its page is in use elsewhere: the alias goes (once settled) and a page comes.
+        wait_settled(a, best->free_epoch);
+        unmap_alias(c, i);
+      }
+      missing.push_back(i);
+    }
+    if (!missing.empty()) {
+      note_peak(a, others);
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
+      for (std::size_t k = 0; k < handles.size();) {
+        std::size_t run = 1;
+        while (k + run < handles.size() && missing[k + run] == missing[k] + run) ++run;
+        map_pages(a, c, missing[k], handles, k, run);
+        k += run;
+      }
+      if (handles.size() < missing.size()) {
+        a.slots.push(best);  // memory is short: it waits, with what it got
+        return nullptr;
+      }
+    }
+    return hand_out(best);
+  }
+  // 2. A new slot, its pages frugal first.
+  block* s = new_slot(a, r.size, lock);
+  if (s == nullptr) return nullptr;
+  note_peak(a, others);
+  chunk& c = *s->owner;
+  const std::size_t first = page_index(c, s->address);
+  // Whole free slots first (GMLake stitches whole blocks the same way): the new
+  // slot's pages are then exactly those of a few others, and it can be used
+  // again whenever those are free, which in a loop is at the same point of
+  // every step. Then pages from anywhere, frugal first.
+  std::vector<std::uint64_t> handles;
+  note_moves(take_whole_slots(a, n, handles, [](const block*) { return true; }));
+  if (handles.size() < n) {
+    const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size());
+    handles.insert(handles.end(), more.begin(), more.end());
+  }
+  if (!handles.empty()) map_pages(a, c, first, handles, 0, handles.size());
+  if (handles.size() < n) {
+    // Memory is short: the slot waits, free, with the pages it got.
+    s->free_epoch = ++a.frees;
+    s->cached = true;
+    a.live.insert(s->address, s);
+    a.slots.push(s);
+    return nullptr;
+  }
+  return hand_out(s);
+}
+
+}  // namespace gpumem
