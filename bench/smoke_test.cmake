@@ -1,13 +1,15 @@
-# ctest gpumem_bench_smoke: gpumem-bench --quick on W3 and W5 (three rows, the
+# ctest gpumem_bench_smoke: gpumem-bench --quick on W3 and W5 (four rows, the
 # logs in bench/traces) with --plot and --json, then checks that it exited 0,
-# that every chart is a complete SVG with a line in it, and that the JSON names
-# both workloads; then W8, whose cells the simulator skips. Run by ctest with
-# GPUMEM_BACKEND=sim; BENCH and OUT are given.
+# that every chart is a complete SVG with a line in it, that the JSON names
+# both workloads, and that the default resource keeps W5's memory targets on
+# every log (peak reserved / peak live <= 1.10, no allocation failed with 1.10 x
+# the peak live bytes free); then W8, whose cells the simulator skips. Run by
+# ctest with GPUMEM_BACKEND=sim; BENCH and OUT are given.
 file(REMOVE_RECURSE "${OUT}")
 file(MAKE_DIRECTORY "${OUT}")
 execute_process(
   COMMAND "${BENCH}" --quick --workloads W3,W5
-          --subjects "gpumem pool_resource,gpumem cuda_resource,cuMemAllocAsync"
+          --subjects "gpumem default,gpumem pool_resource,gpumem cuda_resource,cuMemAllocAsync"
           --plot "${OUT}/plots" --json "${OUT}/bench.json"
   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
 file(WRITE "${OUT}/stdout.txt" "${stdout}")
@@ -43,6 +45,46 @@ foreach(key "\"id\": \"W3\"" "\"id\": \"W5\"" "\"curves\": [")
   endif()
 endforeach()
 message(STATUS "gpumem-bench smoke run: ${n} charts, JSON with W3 and W5")
+
+# The default resource's W5 memory figures, from the JSON (docs/benchmarks.md, W5).
+string(JSON workloads LENGTH "${json}" workloads)
+math(EXPR last_workload "${workloads} - 1")
+set(checked 0)
+foreach(w RANGE ${last_workload})
+  string(JSON id GET "${json}" workloads ${w} id)
+  if(NOT id STREQUAL "W5")
+    continue()
+  endif()
+  string(JSON columns LENGTH "${json}" workloads ${w} columns)
+  string(JSON subjects LENGTH "${json}" workloads ${w} subjects)
+  math(EXPR last_column "${columns} - 1")
+  math(EXPR last_subject "${subjects} - 1")
+  foreach(s RANGE ${last_subject})
+    string(JSON name GET "${json}" workloads ${w} subjects ${s} name)
+    if(NOT name STREQUAL "gpumem default")
+      continue()
+    endif()
+    foreach(c RANGE ${last_column})
+      string(JSON group GET "${json}" workloads ${w} columns ${c} group)
+      string(JSON log GET "${json}" workloads ${w} columns ${c} variant)
+      string(JSON status GET "${json}" workloads ${w} subjects ${s} results ${c} status)
+      if(NOT status STREQUAL "ok")
+        message(FATAL_ERROR "W5 ${group}, ${log}: the default resource's cell is ${status}")
+      endif()
+      string(JSON value GET "${json}" workloads ${w} subjects ${s} results ${c} median)
+      if(group STREQUAL "peak reserved / peak live" AND value GREATER 1.10)
+        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (target <= 1.10)")
+      elseif(group MATCHES "^failed allocations" AND value GREATER 0)
+        message(FATAL_ERROR "W5 ${log}: ${value} allocations of the default resource failed with 1.10 x the peak live bytes free")
+      endif()
+      math(EXPR checked "${checked} + 1")
+    endforeach()
+  endforeach()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "no W5 figures of the default resource in ${OUT}/bench.json")
+endif()
+message(STATUS "gpumem-bench smoke run: the default resource keeps W5's memory targets (${checked} cells)")
 
 # W8 launches kernels, which the simulator does not run: its cells are skipped,
 # saying why, and the run still succeeds.

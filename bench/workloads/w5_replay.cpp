@@ -6,7 +6,7 @@
 //                 synchronized at the end inside the timed region, as in W2;
 //   memory        peak reserved / peak live: the most device memory the row took
 //                 while replaying, over the most the log had live at once;
-//   out of memory the allocations that fail when the device has only 1.25 x the
+//   out of memory the allocations that fail when the device has only 1.10 x the
 //                 log's peak live bytes free (a ballast of raw cuMemAlloc memory
 //                 holds the rest, on the GPU and on the simulator alike).
 //
@@ -41,13 +41,13 @@
 namespace gpumem::bench {
 namespace {
 
-constexpr double oom_headroom = 1.25;     // free memory in the out-of-memory run, x peak live
+constexpr double oom_headroom = 1.10;     // free memory in the out-of-memory run, x peak live
 constexpr std::size_t max_curve_points = 800;  // per curve, for the charts and the JSON
 constexpr std::size_t ballast_granule = std::size_t{2} << 20;
 
 const std::string time_group = "time (us per call)";
 const std::string memory_group = "peak reserved / peak live";
-const std::string oom_group = "failed allocations with 1.25 x peak live free";
+const std::string oom_group = "failed allocations with 1.10 x peak live free";
 
 struct trace {
   std::string name;  // the file's stem: the column label
@@ -187,7 +187,7 @@ class replay_workload final : public workload {
   std::string_view name() const override { return "replay"; }
   std::string_view figure() const override {
     return "recorded allocation logs replayed: us per call; peak reserved / peak live; allocations "
-           "failed with 1.25 x peak live free";
+           "failed with 1.10 x peak live free";
   }
 
   std::vector<column> columns(const options& opts) const override {
@@ -371,7 +371,7 @@ class replay_workload final : public workload {
     });
   }
 
-  // One replay on a fresh resource made beside a ballast that leaves 1.25 x the
+  // One replay on a fresh resource made beside a ballast that leaves 1.10 x the
   // log's peak live bytes of the device free.
   static cell measure_oom(const subject& s, const context& ctx, const trace& t) {
     const std::size_t keep_free = static_cast<std::size_t>(static_cast<double>(t.peak_live_bytes) * oom_headroom);

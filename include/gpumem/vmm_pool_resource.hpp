@@ -44,7 +44,7 @@ struct vmm_pool_options {
   std::size_t segment_bytes = 0;
   // Requests of at least this many bytes get slots: whole pages that keep their
   // address range for life and, freed, wait for the next request of their size
-  // while their pages serve elsewhere (docs/vmm.md, "Slots"). 0: two pages;
+  // while their pages serve elsewhere (docs/vmm.md, "Slots"). 0: one page;
   // SIZE_MAX: none.
   std::size_t slot_min_bytes = 0;
   // Free physical memory the pool keeps: above it, whole free pages whose frees
@@ -63,7 +63,7 @@ struct vmm_pool_options {
   // As pool_options: quick cache, periodic fences, capture refusal and watch.
   bool quick_cache = true;
   unsigned fence_interval = std::numeric_limits<unsigned>::max();
-  std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
+  std::size_t fence_bytes = std::size_t{256} << 20;
   bool refuse_capture = true;
   bool watch_captures = false;
 };

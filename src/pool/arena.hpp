@@ -62,7 +62,7 @@
 #include "pool/free_index.hpp"
 #include "pool/pointer_map.hpp"
 #include "pool/quick_cache.hpp"
-#include "pool/slot_cache.hpp"
+#include "pool/free_slots.hpp"
 #include "pool/spin_lock.hpp"
 
 namespace gpumem::detail {
@@ -106,7 +106,7 @@ struct alignas(64) arena {
   // cuEventQuery said so, or everything before a device synchronisation (paged
   // pools unmap only what is settled: src/vmm/page_blocks.cpp).
   std::uint64_t settled_frees = 0;
-  slot_cache slots;  // paged pools: free slots by size
+  free_slots slots;  // paged pools: free slots by size
 
   bool is_fenced(const block* b) const noexcept { return b->free_epoch <= fenced_frees; }
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <string>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -63,7 +64,7 @@ void vmm_pool_resource::impl::note_moves(std::size_t moved) {
   // pool moved since the peak last rose. Double the slack (up to 1/4 of the peak).
   const std::size_t held_pages = pool.reserved_bytes.load() / page;
   if (moved_since_peak > held_pages / 2 + 16) {
-    slack = std::min(std::max(2 * slack, peak_used / 8), peak_used / 4);
+    slack = std::min(std::max(2 * slack, peak_used / 16), peak_used / 4);
     moved_since_peak = 0;
   }
 }
@@ -94,15 +95,19 @@ std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector
 }
 
 std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const std::vector<arena*>& others,
-                                                                 std::size_t count) {
+                                                                 std::size_t count, bool create_first) {
   std::vector<std::uint64_t> out;
   out.reserve(count);
   std::size_t created = 0;
-  // Within the slack above the peak of the bytes in use, new pages come first
-  // (Note [Pages, frugal first]).
-  const std::size_t slack_limit = peak_used + std::max(slack, peak_used / 16) + 2 * page;
+  // New pages first for small blocks (create_first), and within the slack above
+  // the peak of the bytes in use for slots (Note [Pages, frugal first]).
+  const std::size_t slack_limit = peak_used + std::max(slack, peak_used / 32);
   const std::size_t held = pool.reserved_bytes.load();
-  if (held < slack_limit) created = create_pages(std::min(count, (slack_limit - held) / page), out);
+  if (create_first) {
+    created = create_pages(count, out);
+  } else if (held < slack_limit) {
+    created = create_pages(std::min(count, (slack_limit - held) / page), out);
+  }
   // 1. The arena's own free pages.
   if (out.size() < count) take_pages(a, count - out.size(), out, [](const block*) { return true; });
   // 2. Other streams' settled free pages; the others are asked to fence their frees.

@@ -231,7 +231,7 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
     // 3. Pages for the rest, mapped run by run.
     if (complete && !missing.empty()) {
       note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size(), true);
       for (std::size_t k = 0; k < handles.size();) {
         std::size_t n = 1;
         while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;

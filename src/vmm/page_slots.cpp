@@ -10,7 +10,7 @@ namespace gpumem {
 namespace vm = detail::vmm;
 
 // Note [Slots for large requests]
-// A request of slot_min_bytes or more (two pages by default) gets a slot: a
+// A request of slot_min_bytes or more (a page by default) gets a slot: a
 // block of whole pages, page-aligned, in a segment of the arena that holds
 // slots only; a slot is never split or merged and keeps its address range for
 // life. Freed, it waits in the arena's slot cache (exact size, the most recently
@@ -34,9 +34,8 @@ namespace vm = detail::vmm;
 // each request a slot of its size whose pages are all free, whatever the
 // order; taking it swaps bookkeeping only, and a step makes no driver call.
 // Slots cost addresses, not memory: a slot's aliases hold no memory of their
-// own. The price is rounding: a slot is whole pages, at most a page per large
-// request more than asked (under half of it at two pages, a few percent for
-// the sizes that dominate training and inference).
+// own. The price is rounding: a slot is whole pages, under a page per large
+// request more than asked (a few percent of the peak for the logs W5 replays).
 //
 // trim() and release() unmap the settled aliases and give back the free
 // pages; a free slot left without pages becomes vacant addresses again.
@@ -149,6 +148,12 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
 }
 
 void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_request& r, block* candidate) {
+  void* p = find_slot(a, r, candidate);
+  enforce_threshold();
+  return p;
+}
+
+void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r, block* candidate) {
   const std::vector<arena*> others = pool.arenas_except(&a);
   pool.absorb_pending(a);  // slots other streams freed back to this one
   std::unique_lock lock(a.lock);
@@ -203,7 +208,7 @@ void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_reques
     }
     if (!missing.empty()) {
       note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size(), false);
       for (std::size_t k = 0; k < handles.size();) {
         std::size_t run = 1;
         while (k + run < handles.size() && missing[k + run] == missing[k] + run) ++run;
@@ -230,7 +235,7 @@ void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_reques
   std::vector<std::uint64_t> handles;
   note_moves(take_whole_slots(a, n, handles, [](const block*) { return true; }));
   if (handles.size() < n) {
-    const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size());
+    const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size(), false);
     handles.insert(handles.end(), more.begin(), more.end());
   }
   if (!handles.empty()) map_pages(a, c, first, handles, 0, handles.size());

@@ -57,7 +57,9 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
 
   // Physical pages for `a` (growth mutex and a's lock held; `others`: the other
   // arenas): up to `count` handles, frugal first (Note [Pages, frugal first]).
-  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count);
+  // `create_first`: new pages before any move (small blocks' pages).
+  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count,
+                                          bool create_first);
   // New handles from the device, at most `count`, within maximum_bytes.
   std::size_t create_pages(std::size_t count, std::vector<std::uint64_t>& out);
   // Gives the free pages above release_threshold_bytes back (growth mutex held).
@@ -72,6 +74,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
     std::size_t swaps = 0;
   };
   slot_fit fit_of(arena& a, const block* s) const;
+  // allocate_slot's work: a usable or repaired free slot, else a new one.
+  void* find_slot(arena& a, const detail::pool_request& r, block* candidate);
   // Takes up to `count` pages of a's free slots, whole slots first (the one of
   // the size left, else the smallest that covers it, else the largest).
   std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,

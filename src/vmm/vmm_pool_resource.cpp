@@ -23,7 +23,7 @@ detail::stream_pool_settings settings_of(const vmm_pool_options& o, std::size_t 
   return {.reuse_across_streams = o.reuse_across_streams, .quick_cache = o.quick_cache,
           .fence_interval = o.fence_interval, .fence_bytes = o.fence_bytes,
           .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures, .page_bytes = page,
-          .slot_min_bytes = o.slot_min_bytes != 0 ? std::max(o.slot_min_bytes, page) : 2 * page};
+          .slot_min_bytes = o.slot_min_bytes != 0 ? std::max(o.slot_min_bytes, page) : page};
 }
 
 int checked_device(int device, const vmm_pool_options& o) {

@@ -50,12 +50,12 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     vmm_pool_resource pool(0, o);
     auto check_statistics = [&]() -> std::string {
       const vmm_pool_statistics st = pool.statistics();
-      // Slots (requests of two pages or more, aligned to at most a page) are whole
+      // Slots (requests of a page or more, aligned to at most a page) are whole
       // pages; everything else 256-byte granules.
       const std::size_t page = pool.page_bytes();
       std::size_t used = 0;
       for (const auto& [a, al] : live) {
-        const bool slot = al.bytes >= 2 * page && al.alignment <= page;
+        const bool slot = al.bytes >= page && al.alignment <= page;
         used += slot ? (al.bytes + page - 1) / page * page : (al.bytes + 255) / 256 * 256;
       }
       if (st.allocations != live.size()) return "statistics count the wrong number of allocations";

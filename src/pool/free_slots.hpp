@@ -15,7 +15,7 @@
 
 namespace gpumem::detail {
 
-class slot_cache {
+class free_slots {
  public:
   // The most recently freed slot of exactly `size` bytes, or null.
   block* pop(std::size_t size) noexcept {
