@@ -107,6 +107,11 @@ struct alignas(64) arena {
   // pools unmap only what is settled: src/vmm/page_blocks.cpp).
   std::uint64_t settled_frees = 0;
   free_slots slots;  // paged pools: free slots by size
+  // Paged pools: `frees` when another stream last saw it change, and when
+  // (steady_clock ns); a stream that has freed nothing for a while is idle, and
+  // its free pages may go to others (src/vmm/page_backing.cpp).
+  std::uint64_t frees_seen = 0;
+  std::int64_t frees_seen_ns = 0;
 
   bool is_fenced(const block* b) const noexcept { return b->free_epoch <= fenced_frees; }
 };

@@ -2,8 +2,8 @@
 // page comes from when a block needs one, and giving pages back. Read Note
 // [Pages under the blocks] in page_blocks.cpp first.
 #include <algorithm>
+#include <chrono>
 #include <limits>
-#include <string>
 #include <string>
 
 #include "driver/driver.hpp"
@@ -15,27 +15,41 @@ namespace gpumem {
 namespace vm = detail::vmm;
 
 // Note [Pages, frugal first]
-// A page a block needs (page_blocks.cpp, make_ready step 3) comes from, in order:
+// A page a block needs (page_blocks.cpp, make_ready step 3; page_slots.cpp for
+// slots) comes from, in order:
+//  0. the device, while the pool holds less than the peak of the bytes in use
+//     so far plus 1/16 and two pages (the slack, below);
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
-//     their handle): its stream orders their reuse; the smallest free blocks
-//     first, so that fragments go before the large ranges;
-//  2. other streams' settled free pages: nothing to wait for;
-//  3. the device, within maximum_bytes;
-//  4. when the device or the budget refuses, other streams' fenced free pages,
-//     the arena's stream waiting for their fences on the device; streams whose
-//     free memory is not fenced yet are asked to fence at their next free.
-// So the pool asks the device for memory only when none of its own can move
-// there, and two streams are tied by a device-side wait only when memory is
-// short. One exception keeps loops free of driver calls: while the pool holds
-// less than the peak of the bytes in use so far plus 1/16 (and two pages), new
-// pages come first. A page taken from another free place is one that place may
-// want back at the next step (its alias there can take it back only while the
-// page is free), so a loop whose blocks compete for the same pages would move
-// them at every step; a new page ends the competition for good. The slack is
-// spent on exactly those places, and the pool holds at most the peak, plus
-// 1/16, plus the partial pages. A page that moves leaves an alias behind (Note [Pages under the
-// blocks]). When even step 4 finds too few, the engine synchronises the device
-// (every free is then settled) and tries once more before it fails.
+//     their handle; the most recently freed first): its stream orders their reuse;
+//  2. idle streams' settled free pages (a stream that has freed nothing for
+//     idle_ns; settled: nothing to wait for). Every other stream is asked to
+//     fence its frees, so that its pages settle for a later look;
+//  3. the arena's free slots' pages, whole slots first (a new slot is stitched
+//     from whole free slots the same way: page_slots.cpp);
+//  4. the device, within maximum_bytes;
+//  5. when the device or the budget refuses: busy streams' settled free pages,
+//  6. then other streams' fenced free pages, the arena's stream waiting for
+//     their fences on the device (cuStreamWaitEvent; never the host).
+// When even step 6 finds too few, the engine synchronises the device (every
+// free is then settled) and tries once more before it fails.
+//
+// The pool asks the device for memory only when none of its own can move
+// there, and one stream takes from another that is still working only when
+// memory is short. Each move is a map and an access call (~27 us on an H100)
+// and, later, an alias unmap; so is each new page, plus a create. So a step
+// of a loop that needs a driver call is slow, whatever the call:
+//  - the slack buys new pages for places whose competition for the same pages
+//    would otherwise move them at every step: 1/16 of the peak, as the memory
+//    target is 1.10 x the peak live bytes and rounding to pages takes some of
+//    the rest;
+//  - streams that work at the same time keep what they freed (step 5 only
+//    under pressure): taking a busy stream's pages makes it take pages back a
+//    moment later, a move for each, and ties the streams' speed to the growth
+//    mutex. The pool then holds about the sum of the streams' own peaks rather
+//    than the peak of their sum, as per-stream pools do, until memory runs
+//    short (docs/benchmarks.md has both measured);
+//  - loops whose steps vary (other sizes, other orders) still move some pages
+//    at every step (docs/vmm.md, "Where the pool is slow").
 //
 // Growth, in the engine's sense (no free block fits the request), only reserves
 // addresses: a new segment, one free block without memory.
@@ -54,18 +68,6 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need, 
     vm::free_addresses(pool.device, base, bytes);
     address_bytes -= bytes;
     throw;
-  }
-}
-
-void vmm_pool_resource::impl::note_moves(std::size_t moved) {
-  pages_moved += moved;
-  moved_since_peak += moved;
-  // A loop that keeps moving pages without needing more at its peak: half the
-  // pool moved since the peak last rose. Double the slack (up to 1/4 of the peak).
-  const std::size_t held_pages = pool.reserved_bytes.load() / page;
-  if (moved_since_peak > held_pages / 2 + 16) {
-    slack = std::min(std::max(2 * slack, peak_used / 16), peak_used / 4);
-    moved_since_peak = 0;
   }
 }
 
@@ -95,39 +97,50 @@ std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector
 }
 
 std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const std::vector<arena*>& others,
-                                                                 std::size_t count, bool create_first) {
+                                                                 std::size_t count) {
   std::vector<std::uint64_t> out;
   out.reserve(count);
   std::size_t created = 0;
-  // New pages first for small blocks (create_first), and within the slack above
-  // the peak of the bytes in use for slots (Note [Pages, frugal first]).
-  const std::size_t slack_limit = peak_used + std::max(slack, peak_used / 32);
+  // 0. New pages within the slack.
+  const std::size_t slack_limit = peak_used + peak_used / 16 + 2 * page;
   const std::size_t held = pool.reserved_bytes.load();
-  if (create_first) {
-    created = create_pages(count, out);
-  } else if (held < slack_limit) {
-    created = create_pages(std::min(count, (slack_limit - held) / page), out);
-  }
+  if (held < slack_limit) created = create_pages(std::min(count, (slack_limit - held) / page), out);
   // 1. The arena's own free pages.
   if (out.size() < count) take_pages(a, count - out.size(), out, [](const block*) { return true; });
-  // 2. Other streams' settled free pages; the others are asked to fence their frees.
+  // 2. Idle streams' settled free pages; every other stream is asked to fence its frees.
+  auto take_settled = [&](arena* s) {
+    settle(*s);
+    pool.absorb_completed_pending(*s);  // frees other streams made of its blocks, complete now
+    auto settled = [&](const block* b) { return is_settled(*s, b->free_epoch); };
+    take_pages(*s, count - out.size(), out, settled);
+    if (out.size() < count) take_whole_slots(*s, count - out.size(), out, settled);
+    if (s->fenced_frees < s->frees) s->fence_requested.store(true, std::memory_order_relaxed);
+  };
   if (out.size() < count && pool.settings.reuse_across_streams) {
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
-      settle(*s);
-      pool.absorb_completed_pending(*s);  // frees other streams made of its blocks, complete now
-      auto settled = [&](const block* b) { return is_settled(*s, b->free_epoch); };
-      take_pages(*s, count - out.size(), out, settled);
-      if (out.size() < count) take_whole_slots(*s, count - out.size(), out, settled);
-      if (s->fenced_frees < s->frees) s->fence_requested.store(true, std::memory_order_relaxed);
+      if (s->frees != s->frees_seen) {
+        s->frees_seen = s->frees;
+        s->frees_seen_ns = now;
+      }
+      if (now - s->frees_seen_ns >= idle_ns) take_settled(s);
       if (out.size() == count) break;
     }
   }
-  // The arena's free slots' pages, whole slots first.
+  // 3. The arena's free slots' pages, whole slots first.
   if (out.size() < count) take_whole_slots(a, count - out.size(), out, [](const block*) { return true; });
-  // 3. The device, within the budget.
+  // 4. The device, within the budget.
   if (out.size() < count) created += create_pages(count - out.size(), out);
-  // 4. Other streams' fenced free pages, after a device-side wait on their fences.
+  // 5. Busy streams' settled free pages.
+  if (out.size() < count && pool.settings.reuse_across_streams) {
+    for (arena* s : others) {
+      std::lock_guard lock(s->lock);
+      take_settled(s);
+      if (out.size() == count) break;
+    }
+  }
+  // 6. Other streams' fenced free pages, after a device-side wait on their fences.
   if (out.size() < count && pool.settings.reuse_across_streams) {
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
@@ -139,7 +152,7 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
       if (out.size() == count) break;
     }
   }
-  note_moves(out.size() - created);
+  pages_moved += out.size() - created;
   return out;
 }
 

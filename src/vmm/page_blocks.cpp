@@ -87,7 +87,6 @@ void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& oth
   }
   if (used > peak_used) {
     peak_used = used;
-    moved_since_peak = 0;
   }
 }
 
@@ -231,7 +230,7 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
     // 3. Pages for the rest, mapped run by run.
     if (complete && !missing.empty()) {
       note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size(), true);
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
       for (std::size_t k = 0; k < handles.size();) {
         std::size_t n = 1;
         while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;

@@ -83,17 +83,29 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std:
   };
   block* v = find_vacant();
   if (v == nullptr) {
-    // Free slots that can give their addresses back first (their pages go back
-    // to the device, or stay where they serve as primaries), then a new segment.
-    reap_aliases(a);
-    release_free_pages(a, ~std::size_t{0});
-    v = find_vacant();
-  }
-  if (v == nullptr) {
+    // A new segment: addresses are plentiful, and the free slots' pages and
+    // aliases are what lets a loop's next steps make no driver call. Only when
+    // no address range is left do free slots give their addresses back (their
+    // pages go back to the device, or stay where they serve as primaries).
     lock.unlock();
-    new_segment(a, size, true);
+    bool reserved = true;
+    try {
+      new_segment(a, size, true);
+    } catch (const out_of_memory&) {
+      reserved = false;
+    }
     lock.lock();
+    if (!reserved) {
+      reap_aliases(a);
+      release_free_pages(a, ~std::size_t{0});
+    }
     v = find_vacant();
+    if (v == nullptr && !reserved) {
+      lock.unlock();
+      new_segment(a, size, true);
+      lock.lock();
+      v = find_vacant();
+    }
     if (v == nullptr) return nullptr;
   }
   block* s = v;
@@ -208,7 +220,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     }
     if (!missing.empty()) {
       note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size(), false);
+      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
       for (std::size_t k = 0; k < handles.size();) {
         std::size_t run = 1;
         while (k + run < handles.size() && missing[k + run] == missing[k] + run) ++run;
@@ -233,9 +245,9 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
   // again whenever those are free, which in a loop is at the same point of
   // every step. Then pages from anywhere, frugal first.
   std::vector<std::uint64_t> handles;
-  note_moves(take_whole_slots(a, n, handles, [](const block*) { return true; }));
+  pages_moved += take_whole_slots(a, n, handles, [](const block*) { return true; });
   if (handles.size() < n) {
-    const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size(), false);
+    const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size());
     handles.insert(handles.end(), more.begin(), more.end());
   }
   if (!handles.empty()) map_pages(a, c, first, handles, 0, handles.size());

@@ -57,9 +57,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
 
   // Physical pages for `a` (growth mutex and a's lock held; `others`: the other
   // arenas): up to `count` handles, frugal first (Note [Pages, frugal first]).
-  // `create_first`: new pages before any move (small blocks' pages).
-  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count,
-                                          bool create_first);
+  std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count);
   // New handles from the device, at most `count`, within maximum_bytes.
   std::size_t create_pages(std::size_t count, std::vector<std::uint64_t>& out);
   // Gives the free pages above release_threshold_bytes back (growth mutex held).
@@ -127,10 +125,10 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
 
   // Every handle the pool holds; changed only under the growth mutex.
   std::unordered_map<std::uint64_t, page_home> homes;
+  // A stream that has freed nothing for this long is idle: its free pages may go
+  // to others before the device is asked (Note [Pages, frugal first]).
+  static constexpr std::int64_t idle_ns = 20'000'000;
   std::size_t peak_used = 0;         // the most bytes in use seen when pages were needed (growth mutex)
-  std::size_t slack = 0;             // memory above peak_used that new pages may take first
-  std::size_t moved_since_peak = 0;  // pages moved since peak_used last rose
-  void note_moves(std::size_t moved);
   std::uint64_t handles_made = 0;  // ranks (growth mutex)  // the most bytes in use seen at a growth (growth mutex)
 
   std::atomic<std::size_t> address_bytes{0};
