@@ -1,9 +1,10 @@
 # ctest gpumem_bench_smoke: gpumem-bench --quick on W3 and W5 (four rows, the
 # logs in bench/traces) with --plot and --json, then checks that it exited 0,
 # that every chart is a complete SVG with a line in it, that the JSON names
-# both workloads, and that the default resource keeps W5's memory targets on
-# every log (peak reserved / peak live <= 1.10, no allocation failed with 1.10 x
-# the peak live bytes free); then W8, whose cells the simulator skips. Run by
+# both workloads, and that the default resource keeps W5's memory ceiling on
+# every log (peak reserved / peak live <= 1.20, the logs above the 1.10 target
+# listed; no allocation failed with 1.10 x the peak live bytes free); then W8,
+# whose cells the simulator skips. Run by
 # ctest with GPUMEM_BACKEND=sim; BENCH and OUT are given.
 file(REMOVE_RECURSE "${OUT}")
 file(MAKE_DIRECTORY "${OUT}")
@@ -24,9 +25,12 @@ foreach(title "W3 threads on" "W5 replay: time (us per call) on" "W5 replay: pea
 endforeach()
 file(GLOB charts "${OUT}/plots/*.svg")
 list(LENGTH charts n)
-# W3's chart and one per log in bench/traces (three).
-if(n LESS 4)
-  message(FATAL_ERROR "expected at least 4 charts in ${OUT}/plots, found ${n}: ${charts}")
+# W3's chart and one per log in bench/traces.
+file(GLOB logs "${CMAKE_CURRENT_LIST_DIR}/traces/*.csv")
+list(LENGTH logs expected)
+math(EXPR expected "${expected} + 1")
+if(n LESS expected)
+  message(FATAL_ERROR "expected ${expected} charts in ${OUT}/plots (W3 and one per log), found ${n}: ${charts}")
 endif()
 foreach(chart IN LISTS charts)
   file(READ "${chart}" svg)
@@ -75,7 +79,8 @@ foreach(w RANGE ${last_workload})
       # The target is 1.10. Logs whose streams work at the same time miss it: each
       # stream keeps what it freed while it is busy (Note [Pages, frugal first],
       # src/vmm/page_backing.cpp), so the pool holds about the sum of the streams'
-      # peaks, 1.17 for data-pipeline (docs/benchmarks.md). 1.20 is the ceiling a
+      # peaks, 1.17 for data-pipeline; and Note [A time budget for moves] buys
+      # memory where moves cost time (docs/benchmarks.md). 1.20 is the ceiling a
       # change must not cross; the misses are listed.
       if(group STREQUAL "peak reserved / peak live" AND value GREATER 1.20)
         message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (ceiling 1.20, target 1.10)")

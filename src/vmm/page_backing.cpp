@@ -71,6 +71,45 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need, 
   }
 }
 
+// Note [A time budget for moves]
+// A page moved costs a map and an access call, tens of microseconds under the
+// growth mutex. A program whose steps keep moving pages (sizes that vary from
+// step to step, threads whose peaks come at different times: W2, W3, W5's
+// training logs) would spend a large share of its time there for the last few
+// percent of memory. So moves get a budget: 1% of the time. The pool counts the
+// pages it moves; when, over a window of at least 10 ms, they cost more than 1%
+// of the window (at what mapping a page has cost so far), the slack grows by
+// 1/16 of the peak in use, up to 1/4: more new pages, fewer moves. When a
+// window's moves cost under 0.1%, it shrinks by the same step. Memory is traded
+// for time only where moves cost time, and the pool still fails only when the
+// device or the budget has no pages (every step of Note [Pages, frugal first]
+// runs before it does).
+void vmm_pool_resource::impl::note_map_time(std::int64_t ns, std::size_t pages) {
+  if (pages == 0) return;
+  const std::int64_t per_page = ns / static_cast<std::int64_t>(pages);
+  map_ns_per_page = map_ns_per_page == 0 ? per_page : (7 * map_ns_per_page + per_page) / 8;
+}
+
+void vmm_pool_resource::impl::note_moved(std::size_t pages) {
+  if (pages == 0) return;
+  pages_moved += pages;
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (window_start_ns == 0) window_start_ns = now;
+  window_moves += pages;
+  const std::int64_t elapsed = now - window_start_ns;
+  constexpr std::int64_t window_ns = 10'000'000;
+  if (elapsed < window_ns) return;
+  const std::int64_t cost = static_cast<std::int64_t>(window_moves) * map_ns_per_page;
+  const std::size_t step = peak_used / 16;
+  if (cost * 100 > elapsed) {
+    extra_slack = std::min(extra_slack + step, peak_used / 4 - std::min(peak_used / 4, peak_used / 16));
+  } else if (cost * 1000 < elapsed) {
+    extra_slack -= std::min(extra_slack, step);
+  }
+  window_start_ns = now;
+  window_moves = 0;
+}
+
 bool vmm_pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_short*/) {
   {
     // Addresses are what growth adds: when a free block fits, it was memory that
@@ -102,7 +141,7 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
   out.reserve(count);
   std::size_t created = 0;
   // 0. New pages within the slack.
-  const std::size_t slack_limit = peak_used + peak_used / 16 + 2 * page;
+  const std::size_t slack_limit = peak_used + slack_bytes();
   const std::size_t held = pool.reserved_bytes.load();
   if (held < slack_limit) created = create_pages(std::min(count, (slack_limit - held) / page), out);
   // 1. The arena's own free pages.
@@ -152,7 +191,7 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
       if (out.size() == count) break;
     }
   }
-  pages_moved += out.size() - created;
+  note_moved(out.size() - created);
   return out;
 }
 

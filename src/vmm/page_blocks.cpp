@@ -3,6 +3,7 @@
 // growth mutex and the arena's lock are held where vmm_pool_impl.hpp says.
 #include <algorithm>
 #include <bit>
+#include <chrono>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -172,9 +173,11 @@ void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
                                         const std::vector<std::uint64_t>& handles, std::size_t from, std::size_t n) {
   const std::uintptr_t at = c.base + first * page;
   std::size_t mapped = 0;
+  const auto started = std::chrono::steady_clock::now();
   try {
     for (; mapped < n; ++mapped) vm::map(pool.device, at + mapped * page, page, handles[from + mapped]);
     vm::set_access(pool.device, at, n * page, opt.peer_devices);
+    note_map_time(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count(), n);
   } catch (...) {
     // A driver failure, not a shortage: undo, and give these handles back.
     if (mapped > 0) (void)detail::driver().cuMemUnmap(at, mapped * page);

@@ -245,7 +245,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
   // again whenever those are free, which in a loop is at the same point of
   // every step. Then pages from anywhere, frugal first.
   std::vector<std::uint64_t> handles;
-  pages_moved += take_whole_slots(a, n, handles, [](const block*) { return true; });
+  note_moved(take_whole_slots(a, n, handles, [](const block*) { return true; }));
   if (handles.size() < n) {
     const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size());
     handles.insert(handles.end(), more.begin(), more.end());

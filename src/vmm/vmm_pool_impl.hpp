@@ -128,8 +128,17 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // A stream that has freed nothing for this long is idle: its free pages may go
   // to others before the device is asked (Note [Pages, frugal first]).
   static constexpr std::int64_t idle_ns = 20'000'000;
-  std::size_t peak_used = 0;         // the most bytes in use seen when pages were needed (growth mutex)
-  std::uint64_t handles_made = 0;  // ranks (growth mutex)  // the most bytes in use seen at a growth (growth mutex)
+  std::size_t peak_used = 0;       // the most bytes in use seen when pages were needed (growth mutex)
+  std::uint64_t handles_made = 0;  // ranks (growth mutex)
+
+  // Note [A time budget for moves] (page_backing.cpp); growth mutex.
+  std::size_t slack_bytes() const { return peak_used / 16 + extra_slack + 2 * page; }
+  void note_moved(std::size_t pages);
+  void note_map_time(std::int64_t ns, std::size_t pages);
+  std::size_t extra_slack = 0;        // bought with memory when moves cost too much time
+  std::int64_t map_ns_per_page = 0;   // what mapping a page has cost (a running mean)
+  std::int64_t window_start_ns = 0;   // the moves counted since then
+  std::size_t window_moves = 0;
 
   std::atomic<std::size_t> address_bytes{0};
   std::atomic<std::size_t> pages_created{0};

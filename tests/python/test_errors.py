@@ -24,7 +24,8 @@ def test_out_of_memory_carries_the_details(pool):
     e = info.value
     assert e.requested_bytes == total * 4
     assert e.device == 0
-    assert e.resource == "pool_resource"
+    # The default: a vmm_pool_resource where the device has virtual memory management.
+    assert e.resource == ("vmm_pool_resource" if isinstance(pool, gpumem.VmmPoolResource) else "pool_resource")
     assert e.device_total_bytes == total
     assert "out of memory" in str(e)
     # The pool is still usable.

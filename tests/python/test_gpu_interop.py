@@ -102,7 +102,11 @@ def test_ipc_of_a_pool_sub_allocation(tmp_path):
             padding = cuda.device_array(4096, dtype=np.uint8)   # the target is not at offset 0
             data = cuda.to_device(np.arange(1000, dtype=np.int64))
             handle = data.get_ipc_handle()
-            assert handle._ipc_handle.offset > 0, handle._ipc_handle.offset
+            # Legacy IPC of the base allocation plus the offset (a pool over cuMemAlloc), or
+            # gpumem's own handle (the default's pages), which carries the offset itself.
+            inner = getattr(handle._ipc_handle, "_gpumem", None)
+            offset = inner.offset if inner is not None else handle._ipc_handle.offset
+            assert offset > 0, offset
             ctx = mp.get_context("spawn")
             queue = ctx.Queue()
             p = ctx.Process(target=child, args=(handle, queue))

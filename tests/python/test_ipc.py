@@ -55,13 +55,19 @@ def _round_trip(buf, kind, device=None):
     assert buf.copy_to_host() == _child_bytes(buf.size)
 
 
+def _default_kind():
+    """The IPC kind of the default resource's memory: pages (vmm) where the device has
+    virtual memory management, else a pool over cuMemAlloc (legacy)."""
+    return "vmm" if isinstance(gpumem.get_current_resource(0), gpumem.VmmPoolResource) else "legacy"
+
+
 def test_pool_sub_allocation_is_shared_with_its_offset():
-    first = gpumem.DeviceBuffer(1 << 20)  # the default resource: a pool over cuMemAlloc
+    first = gpumem.DeviceBuffer(1 << 20)  # the default resource
     second = gpumem.DeviceBuffer(70001)
     handle = gpumem.ipc.export(second)
-    assert handle.kind == "legacy"
-    assert handle.offset > 0  # inside the pool's chunk, not at its start
-    _round_trip(second, "legacy")
+    assert handle.kind == _default_kind()
+    assert handle.offset > 0  # inside the pool's chunk or page, not at its start
+    _round_trip(second, _default_kind())
     first.close()
 
 
@@ -69,7 +75,7 @@ def test_opened_for_another_device_through_peer_access():
     if gpumem.device_count() < 2:
         pytest.skip("needs two devices")
     buf = gpumem.DeviceBuffer(70001, device=0)
-    _round_trip(buf, "legacy", device=1)
+    _round_trip(buf, _default_kind(), device=1)
 
 
 def test_cuda_resource_buffer():
@@ -84,7 +90,7 @@ def test_cuda_resource_buffer():
 def test_raw_pointer_export():
     buf = gpumem.DeviceBuffer(4096)
     handle = gpumem.ipc.export(buf.ptr, buf.size)
-    assert handle.size == 4096 and handle.kind == "legacy"
+    assert handle.size == 4096 and handle.kind == _default_kind()
 
 
 def test_pickled_handle_is_bytes_and_bad_bytes_are_refused():
