@@ -18,7 +18,8 @@ namespace vm = detail::vmm;
 // A page a block needs (page_blocks.cpp, make_ready step 3; page_slots.cpp for
 // slots) comes from, in order:
 //  0. the device, while the pool holds less than the peak of the bytes in use
-//     so far plus 1/16 and two pages (the slack, below);
+//     so far plus the slack: 1/16 of it, and two pages (below), and what Note
+//     [A time budget for moves] adds;
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
 //     their handle; the most recently freed first): its stream orders their reuse;
 //  2. idle streams' settled free pages (a stream that has freed nothing for
