@@ -8,6 +8,7 @@
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
+#include "vmm/move_budget.hpp"
 #include "vmm/virtual_memory.hpp"
 #include "vmm/vmm_pool_impl.hpp"
 
@@ -100,13 +101,7 @@ void vmm_pool_resource::impl::note_moved(std::size_t pages) {
   const std::int64_t elapsed = now - window_start_ns;
   constexpr std::int64_t window_ns = 10'000'000;
   if (elapsed < window_ns) return;
-  const std::int64_t cost = static_cast<std::int64_t>(window_moves) * map_ns_per_page;
-  const std::size_t step = peak_used / 16;
-  if (cost * 100 > elapsed) {
-    extra_slack = std::min(extra_slack + step, peak_used / 4 - std::min(peak_used / 4, peak_used / 16));
-  } else if (cost * 1000 < elapsed) {
-    extra_slack -= std::min(extra_slack, step);
-  }
+  extra_slack = detail::budgeted_slack(extra_slack, peak_used, window_moves, map_ns_per_page, elapsed);
   window_start_ns = now;
   window_moves = 0;
 }

@@ -1,0 +1,112 @@
+// vmm_pool_resource: where a stream's pages come from when other streams hold
+// free ones (Note [Pages, frugal first]): a busy stream keeps what it freed
+// while the device has memory, an idle stream's settled pages go first, and the
+// time budget for moves (Note [A time budget for moves]).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "gpumem/stream.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+#include "support/touch.hpp"
+#include "vmm/move_budget.hpp"
+
+namespace gpumem::test {
+namespace {
+
+class VmmPoolStreams : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
+  }
+};
+
+TEST_F(VmmPoolStreams, ABusyStreamKeepsWhatItFreedWhileTheDeviceHasMemory) {
+  vmm_pool_options o;
+  o.fence_interval = 1;  // every free fenced while the pool serves several streams
+  vmm_pool_resource pool(0, o);
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0);
+  void* first = pool.allocate(g, b);  // b first: a's frees are fenced, and settled once a is synchronised
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  a.synchronize();
+  const vmm_pool_statistics before = pool.statistics();
+  void* q = pool.allocate(8 * g, b);
+  const vmm_pool_statistics after = pool.statistics();
+  EXPECT_EQ(after.pages_created - before.pages_created, 8U) << "b got new pages";
+  EXPECT_EQ(after.pages_moved, before.pages_moved) << "a's pages stayed where a will want them";
+  // a's next request of the size finds its slot with its pages: no driver call.
+  void* again = pool.allocate(8 * g, a);
+  EXPECT_EQ(again, p);
+  const vmm_pool_statistics last = pool.statistics();
+  EXPECT_EQ(last.pages_created, after.pages_created);
+  EXPECT_EQ(last.pages_moved, after.pages_moved);
+  device_fill(q, 8 * g, 0x21, b);
+  device_fill(again, 8 * g, 0x22, a);
+  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x21, b), 0U);
+  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x22, a), 0U);
+  pool.deallocate(q, 8 * g, b);
+  pool.deallocate(first, g, b);
+  pool.deallocate(again, 8 * g, a);
+  a.synchronize();
+  b.synchronize();
+}
+
+TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
+  vmm_pool_options o;
+  o.fence_interval = 1;  // every free fenced while the pool serves several streams
+  vmm_pool_resource pool(0, o);
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0);
+  void* first = pool.allocate(g, b);  // b first: a's frees are then fenced
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  a.synchronize();
+  // b's next request looks at a, which has just freed (busy), and gets new pages.
+  void* second = pool.allocate(2 * g, b);
+  // a frees nothing for longer than the pool's idle time (20 ms).
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  const vmm_pool_statistics before = pool.statistics();
+  void* q = pool.allocate(8 * g, b);
+  const vmm_pool_statistics after = pool.statistics();
+  EXPECT_EQ(after.pages_created, before.pages_created) << "b took idle a's pages";
+  EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
+  EXPECT_EQ(after.mapped_bytes, 11 * g);
+  device_fill(q, 8 * g, 0x23, b);
+  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x23, b), 0U);
+  pool.deallocate(q, 8 * g, b);
+  pool.deallocate(second, 2 * g, b);
+  pool.deallocate(first, g, b);
+  b.synchronize();
+}
+
+TEST(MoveBudget, MovesOverOnePercentOfTheTimeBuySlackUpToAQuarterOfThePeak) {
+  constexpr std::size_t peak = 1600;  // steps of 100
+  constexpr std::int64_t ms = 1'000'000;
+  // 10 moves of 20 us in 10 ms: 2% of the window.
+  std::size_t extra = detail::budgeted_slack(0, peak, 10, 20'000, 10 * ms);
+  EXPECT_EQ(extra, 100U);
+  extra = detail::budgeted_slack(extra, peak, 10, 20'000, 10 * ms);
+  extra = detail::budgeted_slack(extra, peak, 10, 20'000, 10 * ms);
+  EXPECT_EQ(extra, 300U) << "1/16 + 3/16 = 1/4 of the peak in all";
+  EXPECT_EQ(detail::budgeted_slack(extra, peak, 10, 20'000, 10 * ms), 300U) << "no further";
+}
+
+TEST(MoveBudget, CheapMovesLeaveTheSlackAndRareOnesGiveItBack) {
+  constexpr std::size_t peak = 1600;
+  constexpr std::int64_t ms = 1'000'000;
+  // 0.5% of the window: between the bounds, unchanged.
+  EXPECT_EQ(detail::budgeted_slack(200, peak, 5, 10'000, 10 * ms), 200U);
+  // Exactly 1%: not over it.
+  EXPECT_EQ(detail::budgeted_slack(200, peak, 10, 10'000, 10 * ms), 200U);
+  // 0.05%: one step back, never below none.
+  EXPECT_EQ(detail::budgeted_slack(200, peak, 1, 5'000, 10 * ms), 100U);
+  EXPECT_EQ(detail::budgeted_slack(50, peak, 1, 5'000, 10 * ms), 0U);
+  EXPECT_EQ(detail::budgeted_slack(0, peak, 0, 5'000, 10 * ms), 0U);
+}
+
+}  // namespace
+}  // namespace gpumem::test
