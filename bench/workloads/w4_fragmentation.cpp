@@ -5,14 +5,19 @@
 // long failing took), and largest / (total - live). It measures what an
 // allocator can make of memory that is free but scattered: a pool that keeps
 // its chunks cannot join the holes; one that hands memory back to the driver,
-// or remaps it, can.
+// or remaps it, can. A third figure is the driver's floor for the 25% request
+// where its memory is mapped with the virtual memory API: one cuMemSetAccess
+// over the range the request got, the same handles, while it is held (what any
+// allocator that maps those handles must pay at least once).
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "driver/driver.hpp"
 #include "gpumem/device.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
 #include "harness.hpp"
 #include "workloads/registry.hpp"
 
@@ -44,6 +49,30 @@ std::size_t largest_mib(memory_resource& mr, stream& st, std::size_t limit_mib,
   return fits;
 }
 
+// The time of one cuMemSetAccess over [p, p + bytes rounded to the granularity)
+// on `device`, read-write: the driver's floor for mapping the handles under it.
+// A cell that is skipped where the range is not mapped through the virtual
+// memory API (cuMemAlloc, the driver's pools: the call refuses such a range).
+cell access_floor(void* p, std::size_t bytes, int device) {
+  cell floor;
+  floor.iterations = 1;
+  if (!vmm::supported(device)) return skipped_cell("no virtual memory management on the device");
+  const std::size_t g = vmm::granularity(device);
+  const auto at = reinterpret_cast<CUdeviceptr>(p);
+  if (at % g != 0) return skipped_cell("not mapped through the virtual memory API (unaligned)");
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  detail::device_context_guard guard(device);
+  const auto t0 = clock_type::now();
+  const CUresult r = detail::driver().cuMemSetAccess(at, (bytes + g - 1) / g * g, &access, 1);
+  const auto t1 = clock_type::now();
+  if (r != CUDA_SUCCESS) return skipped_cell("not mapped through the virtual memory API");
+  floor.reps = {std::chrono::duration<double, std::milli>(t1 - t0).count()};
+  return floor;
+}
+
 class fragmentation_workload final : public workload {
  public:
   std::string_view id() const override { return "W4"; }
@@ -53,7 +82,9 @@ class fragmentation_workload final : public workload {
   }
 
   std::vector<column> columns(const options&) const override {
-    return {{"25% alloc (ms)", "ms", true}, {"largest/(total-live)", "", false}};
+    return {{"25% alloc (ms)", "ms", true},
+            {"largest/(total-live)", "", false},
+            {"access floor (ms)", "ms", true}};
   }
 
   // No warm-up and no repetitions: a run takes 90% of the device, and what a
@@ -63,11 +94,11 @@ class fragmentation_workload final : public workload {
   }
 
   std::vector<cell> measure(const subject& s, const context& ctx) const override {
-    return run_cells(s, ctx, 2, [&](memory_resource& mr, stream& st) -> std::vector<cell> {
+    return run_cells(s, ctx, 3, [&](memory_resource& mr, stream& st) -> std::vector<cell> {
       if (mr.properties().device != ctx.device) {
         const cell skip = skipped_cell("does not hand out device " + std::to_string(ctx.device) +
                                        "'s memory, which W4 fills");
-        return {skip, skip};
+        return {skip, skip, skip};
       }
       const std::size_t total = device_memory_info(ctx.device).total_bytes;
       std::vector<void*> blocks;  // held by the workload; freed on every way out
@@ -102,11 +133,13 @@ class fragmentation_workload final : public workload {
         const auto oom = out_of_memory_from([&] { big = mr.allocate(quarter_bytes, st); });
         const auto t1 = clock_type::now();
         quarter.reps = {std::chrono::duration<double, std::milli>(t1 - t0).count()};
+        cell floor = skipped_cell("the 25% request failed");
         if (oom) {
           quarter.status = cell_status::failed;
           quarter.outcome = "OOM";
           quarter.message = *oom;
         } else {
+          floor = access_floor(big, quarter_bytes, ctx.device);
           mr.deallocate(big, quarter_bytes, st);
           st.synchronize();
         }
@@ -121,7 +154,7 @@ class fragmentation_workload final : public workload {
           blocks.pop_back();
         }
         st.synchronize();
-        return {quarter, largest};
+        return {quarter, largest, floor};
       } catch (...) {
         // Leave the resource empty before it is destroyed; the first error is the one reported.
         for (void* p : blocks) {
@@ -139,7 +172,9 @@ class fragmentation_workload final : public workload {
     return {
         "set-up: 64 MiB blocks until 90% of total memory is held, then every other one "
         "freed (live: those still held) and the stream synchronized",
-        "largest: bisection over whole MiB up to total - live, each probe freed at once"};
+        "largest: bisection over whole MiB up to total - live, each probe freed at once",
+        "access floor: one cuMemSetAccess over the range the 25% request got (its handles, while "
+        "held), where the virtual memory API mapped it: the least the driver charges for them"};
   }
 };
 
