@@ -31,6 +31,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+import torch_models  # noqa: E402  (bench/python)
+
 CONFIGS = ("torch", "torch-expandable", "gpumem-default", "gpumem-pool")
 
 
@@ -94,26 +97,9 @@ class FreeMemorySampler:
 def run_one(args):
     prepare(args.config)
     import torch
-    import torch.nn as nn
 
     torch.manual_seed(0)
     vocab, d, heads = 32000, args.width, max(1, args.width // 64)
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d)
-            self.pos = nn.Embedding(2048, d)
-            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
-            self.blocks = nn.TransformerEncoder(layer, args.layers, enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(d)
-
-        def forward(self, ids):
-            seq = ids.shape[1]
-            x = self.embed(ids) + self.pos(torch.arange(seq, device=ids.device))
-            mask = nn.Transformer.generate_square_subsequent_mask(seq, device=ids.device)
-            x = self.blocks(x, mask=mask, is_causal=True)
-            return self.norm(x) @ self.embed.weight.t()
 
     torch.cuda.init()
     torch.cuda.synchronize()
@@ -122,20 +108,13 @@ def run_one(args):
     lengths = [512, 1024, 768, 1024, 896, 640, 1024, 512, 960, 704]
     times = []
     with FreeMemorySampler(torch) as sampler:
-        model = Model().to("cuda")  # inside: the model and its optimizer state count in the peak
+        # Inside: the model and its optimizer state count in the peak.
+        model = torch_models.transformer(vocab, d, args.layers, heads, 2048).to("cuda")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for step in range(args.warmup + args.steps):
             seq = lengths[step % len(lengths)]
             start = time.perf_counter()
-            ids = torch.randint(0, vocab, (args.batch, seq), device="cuda")
-            labels = torch.randint(0, vocab, (args.batch, seq), device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(ids)
-                loss = nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            del ids, labels, logits, loss
+            torch_models.train_step(model, optimizer, vocab, args.batch, seq)
             torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
             sampler.sample()

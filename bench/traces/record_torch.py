@@ -28,6 +28,9 @@ import argparse
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import torch_models  # noqa: E402  (bench/python)
+
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,42 +49,16 @@ def gpumem_importable():
 
 def train(steps):
     import torch
-    import torch.nn as nn
 
     torch.manual_seed(0)
     device = "cuda"
     vocab, d, layers, heads, batch = 32000, 768, 6, 12, 8
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d)
-            self.pos = nn.Embedding(1024, d)
-            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
-            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(d)
-
-        def forward(self, ids):
-            seq = ids.shape[1]
-            x = self.embed(ids) + self.pos(torch.arange(seq, device=ids.device))
-            mask = nn.Transformer.generate_square_subsequent_mask(seq, device=ids.device)
-            x = self.blocks(x, mask=mask, is_causal=True)
-            return self.norm(x) @ self.embed.weight.t()
-
-    model = Model().to(device)
+    model = torch_models.transformer(vocab, d, layers, heads, 1024).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     lengths = [256, 512, 384, 512, 448, 320, 512, 256]
     for step in range(steps):
-        seq = lengths[step % len(lengths)]
-        ids = torch.randint(0, vocab, (batch, seq), device=device)
-        labels = torch.randint(0, vocab, (batch, seq), device=device)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(ids)
-            loss = nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del ids, labels, logits, loss
+        torch_models.train_step(model, optimizer, vocab, batch, lengths[step % len(lengths)])
     torch.cuda.synchronize()
     del model, optimizer
     torch.cuda.synchronize()

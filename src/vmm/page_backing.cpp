@@ -191,16 +191,19 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
   return out;
 }
 
-std::size_t vmm_pool_resource::impl::give_back(bool /*device_synchronized*/) {
-  std::size_t released = 0;
-  std::shared_lock arenas_lock(pool.arenas_mutex);
-  // Every settled alias first (a handle mapped anywhere else stays), then the pages.
+void vmm_pool_resource::impl::reap_every_alias() {
   for (auto& [key, s] : pool.arenas) {
     std::lock_guard lock(s->lock);
     pool.flush_quick(*s);
     settle(*s);
     reap_aliases(*s);
   }
+}
+
+std::size_t vmm_pool_resource::impl::give_back(bool /*device_synchronized*/) {
+  std::size_t released = 0;
+  std::shared_lock arenas_lock(pool.arenas_mutex);
+  reap_every_alias();  // first: a handle mapped anywhere else stays
   for (auto& [key, s] : pool.arenas) {
     std::lock_guard lock(s->lock);
     released += release_free_pages(*s, std::numeric_limits<std::size_t>::max());
@@ -221,12 +224,7 @@ void vmm_pool_resource::impl::enforce_threshold() {
     const std::size_t held = pool.reserved_bytes.load();
     if (held <= used + opt.release_threshold_bytes) return;
     excess = held - used - opt.release_threshold_bytes;
-    for (auto& [key, s] : pool.arenas) {
-      std::lock_guard lock(s->lock);
-      pool.flush_quick(*s);
-      settle(*s);
-      reap_aliases(*s);
-    }
+    reap_every_alias();
     for (auto& [key, s] : pool.arenas) {
       if (excess < page) break;
       std::lock_guard lock(s->lock);

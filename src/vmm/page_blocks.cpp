@@ -149,17 +149,17 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
   const std::size_t n = std::min(count, found.size());
   std::partial_sort(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n), found.end(),
                     [](const candidate& x, const candidate& y) { return x.freed_at > y.freed_at; });
-  for (std::size_t k = 0; k < n; ++k) {
-    chunk& c = *found[k].c;
-    const std::size_t i = found[k].i;
-    page_home& h = homes.at(c.pages[i]);
-    h.aliases.push_back({&c, i});
-    h.primary = {};  // moving: map_pages gives it its new place
-    c.set_ready(i, false);
-    out.push_back(c.pages[i]);
-    s.reserved_bytes -= page;
-  }
+  for (std::size_t k = 0; k < n; ++k) take_page(s, *found[k].c, found[k].i, out);
   return n;
+}
+
+void vmm_pool_resource::impl::take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out) {
+  page_home& h = homes.at(c.pages[i]);
+  h.aliases.push_back({&c, i});
+  h.primary = {};  // moving: map_pages gives it its new place
+  c.set_ready(i, false);
+  out.push_back(c.pages[i]);
+  s.reserved_bytes -= page;
 }
 
 void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
@@ -198,6 +198,20 @@ void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
   a.reserved_bytes += n * page;
 }
 
+bool vmm_pool_resource::impl::fill_pages(arena& a, const std::vector<arena*>& others, chunk& c,
+                                         const std::vector<std::size_t>& missing) {
+  note_peak(a, others);
+  const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
+  // Mapped run by run: one access call per run of adjacent pages.
+  for (std::size_t k = 0; k < handles.size();) {
+    std::size_t n = 1;
+    while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;
+    map_pages(a, c, missing[k], handles, k, n);
+    k += n;
+  }
+  return handles.size() == missing.size();
+}
+
 bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
   const std::vector<arena*> others = pool.arenas_except(&a);  // before any arena lock
   bool complete = true;
@@ -230,18 +244,8 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
       }
       missing.push_back(i);
     }
-    // 3. Pages for the rest, mapped run by run.
-    if (complete && !missing.empty()) {
-      note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
-      for (std::size_t k = 0; k < handles.size();) {
-        std::size_t n = 1;
-        while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;
-        map_pages(a, c, missing[k], handles, k, n);
-        k += n;
-      }
-      complete = handles.size() == missing.size();
-    }
+    // 3. Pages for the rest.
+    if (complete && !missing.empty()) complete = fill_pages(a, others, c, missing);
   }
   enforce_threshold();
   return complete;

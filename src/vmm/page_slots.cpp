@@ -147,12 +147,7 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
     const std::size_t first = page_index(c, y->address);
     for (std::size_t i = first + y->size / page; i-- > first && got < count;) {
       if (!c.is_ready(i)) continue;
-      page_home& h = homes.at(c.pages[i]);
-      h.aliases.push_back({&c, i});
-      h.primary = {};  // moving: map_pages gives it its new place
-      c.set_ready(i, false);
-      out.push_back(c.pages[i]);
-      a.reserved_bytes -= page;
+      take_page(a, c, i, out);
       ++got;
     }
   }
@@ -218,19 +213,9 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
       }
       missing.push_back(i);
     }
-    if (!missing.empty()) {
-      note_peak(a, others);
-      const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
-      for (std::size_t k = 0; k < handles.size();) {
-        std::size_t run = 1;
-        while (k + run < handles.size() && missing[k + run] == missing[k] + run) ++run;
-        map_pages(a, c, missing[k], handles, k, run);
-        k += run;
-      }
-      if (handles.size() < missing.size()) {
-        a.slots.push(best);  // memory is short: it waits, with what it got
-        return nullptr;
-      }
+    if (!missing.empty() && !fill_pages(a, others, c, missing)) {
+      a.slots.push(best);  // memory is short: it waits, with what it got
+      return nullptr;
     }
     return hand_out(best);
   }

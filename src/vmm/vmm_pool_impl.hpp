@@ -58,6 +58,11 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // Physical pages for `a` (growth mutex and a's lock held; `others`: the other
   // arenas): up to `count` handles, frugal first (Note [Pages, frugal first]).
   std::vector<std::uint64_t> supply_pages(arena& a, const std::vector<arena*>& others, std::size_t count);
+  // Pages for the page indices `missing` of `c` (ascending), supplied and mapped;
+  // whether every one got its page (growth mutex and a's lock held).
+  bool fill_pages(arena& a, const std::vector<arena*>& others, chunk& c, const std::vector<std::size_t>& missing);
+  // Flushes every arena's quick cache and unmaps its settled aliases (arenas_mutex held).
+  void reap_every_alias();
   // New handles from the device, at most `count`, within maximum_bytes.
   std::size_t create_pages(std::size_t count, std::vector<std::uint64_t>& out);
   // Gives the free pages above release_threshold_bytes back (growth mutex held).
@@ -112,6 +117,9 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // access, and makes those their primary places.
   void map_pages(arena& a, chunk& c, std::size_t first, const std::vector<std::uint64_t>& handles,
                  std::size_t from, std::size_t n);
+  // Takes the free page i of c (ready) from s to be mapped elsewhere: its place
+  // there becomes an alias (growth mutex and s's lock held).
+  void take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out);
   void unmap_alias(chunk& c, std::size_t i);
   std::size_t page_index(const chunk& c, std::uintptr_t at) const noexcept { return (at - c.base) / page; }
   static std::size_t page_of(int device, const vmm_pool_options& o);

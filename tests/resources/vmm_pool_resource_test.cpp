@@ -423,29 +423,6 @@ TEST_F(VmmPool, OwnFreePagesMoveBeforeNewOnesAreMade) {
   EXPECT_EQ(pool.statistics().alias_pages, 0U) << "trim() unmaps the settled old places of moved pages";
 }
 
-TEST_F(VmmPool, AnotherStreamsFreePagesMoveWhenTheBudgetIsReached) {
-  vmm_pool_options o;
-  o.fence_interval = 1;  // every free fenced: a's frees are settled once a is synchronised
-  vmm_pool_resource probe(0);
-  const std::size_t g = probe.page_bytes();
-  o.maximum_bytes = 8 * g;
-  vmm_pool_resource pool(0, o);
-  stream a(0), b(0);
-  void* p = pool.allocate(8 * g, a);
-  pool.deallocate(p, 8 * g, a);
-  a.synchronize();
-  const vmm_pool_statistics before = pool.statistics();
-  void* q = pool.allocate(8 * g, b);
-  const vmm_pool_statistics after = pool.statistics();
-  EXPECT_EQ(after.pages_created, before.pages_created) << "b took a's free pages";
-  EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
-  EXPECT_EQ(after.mapped_bytes, 8 * g);
-  device_fill(q, 8 * g, 0x17, b);
-  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x17, b), 0U);
-  pool.deallocate(q, 8 * g, b);
-  b.synchronize();
-}
-
 TEST_F(VmmPool, MaximumBytesIsAHardCap) {
   vmm_pool_options o;
   o.maximum_bytes = 16 * MiB;

@@ -1,7 +1,8 @@
 // vmm_pool_resource: where a stream's pages come from when other streams hold
 // free ones (Note [Pages, frugal first]): a busy stream keeps what it freed
-// while the device has memory, an idle stream's settled pages go first, and the
-// time budget for moves (Note [A time budget for moves]).
+// while the device has memory, an idle stream's settled pages go first, any
+// stream's free pages move once the budget is reached; and the time budget for
+// moves (Note [A time budget for moves]).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -80,6 +81,29 @@ TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
   pool.deallocate(q, 8 * g, b);
   pool.deallocate(second, 2 * g, b);
   pool.deallocate(first, g, b);
+  b.synchronize();
+}
+
+TEST_F(VmmPoolStreams, AnotherStreamsFreePagesMoveWhenTheBudgetIsReached) {
+  vmm_pool_options o;
+  o.fence_interval = 1;  // every free fenced: a's frees are settled once a is synchronised
+  vmm_pool_resource probe(0);
+  const std::size_t g = probe.page_bytes();
+  o.maximum_bytes = 8 * g;
+  vmm_pool_resource pool(0, o);
+  stream a(0), b(0);
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  a.synchronize();
+  const vmm_pool_statistics before = pool.statistics();
+  void* q = pool.allocate(8 * g, b);
+  const vmm_pool_statistics after = pool.statistics();
+  EXPECT_EQ(after.pages_created, before.pages_created) << "b took a's free pages";
+  EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
+  EXPECT_EQ(after.mapped_bytes, 8 * g);
+  device_fill(q, 8 * g, 0x17, b);
+  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x17, b), 0U);
+  pool.deallocate(q, 8 * g, b);
   b.synchronize();
 }
 
