@@ -16,7 +16,8 @@ namespace gpumem {
 class ipc_handle;
 
 // One end of a connected Unix-domain stream socket. Messages are a length-prefixed
-// block of bytes plus up to 253 descriptors (SCM_RIGHTS). Errors: ipc_error
+// block of bytes (up to 16 MiB) plus up to 65,536 descriptors (SCM_RIGHTS, 253 a
+// system call: more go in continuation calls of the same message). Errors: ipc_error
 // (descriptor_unavailable) naming the system call and errno.
 class GPUMEM_EXPORT ipc_fd_channel {
  public:

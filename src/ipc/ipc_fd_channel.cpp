@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -16,9 +17,12 @@
 namespace gpumem {
 namespace {
 
-// Linux's per-message limit on SCM_RIGHTS descriptors.
-constexpr std::size_t max_descriptors = 253;
+// Linux's limit on SCM_RIGHTS descriptors in one sendmsg; a message with more
+// sends them in several (Note [Descriptors in chunks]).
+constexpr std::size_t descriptors_per_call = 253;
+constexpr std::size_t max_descriptors = 65536;  // a message's (the default pool's pages of 128 GiB)
 constexpr std::uint64_t max_message_bytes = std::uint64_t{1} << 24;
+constexpr char continuation = 'D';
 
 [[noreturn]] void fail(const char* what, int error) {
   throw ipc_error(ipc_errc::descriptor_unavailable,
@@ -48,6 +52,68 @@ void read_all(int fd, void* data, std::size_t n) {
   }
 }
 
+struct message_header {
+  std::uint64_t bytes;
+  std::uint32_t descriptors;
+  std::uint32_t reserved;
+};
+
+// One sendmsg of `data` carrying `descriptors` (at most descriptors_per_call);
+// returns how much of `data` went.
+std::size_t send_with_descriptors(int fd, const void* data, std::size_t n, std::span<const int> descriptors) {
+  iovec iov{const_cast<void*>(data), n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * descriptors_per_call)] = {};
+  if (!descriptors.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * descriptors.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * descriptors.size());
+    std::memcpy(CMSG_DATA(c), descriptors.data(), sizeof(int) * descriptors.size());
+  }
+  ssize_t sent = -1;
+  do {
+    sent = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0) fail("sendmsg", errno);
+  return static_cast<std::size_t>(sent);
+}
+
+// One recvmsg into `data` (up to n bytes), appending the descriptors that came
+// with it to `out`; returns how many bytes came.
+std::size_t receive_with_descriptors(int fd, void* data, std::size_t n, std::vector<int>& out) {
+  iovec iov{data, n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * descriptors_per_call)] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got = -1;
+  do {
+    got = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (got < 0 && errno == EINTR);
+  if (got < 0) fail("recvmsg", errno);
+  if (got == 0) fail("recvmsg", ECONNRESET);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < k; ++i) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
+        out.push_back(received);
+      }
+    }
+  }
+  if (msg.msg_flags & MSG_CTRUNC) fail("recvmsg", EMSGSIZE);
+  return static_cast<std::size_t>(got);
+}
+
+
 }  // namespace
 
 std::pair<ipc_fd_channel, ipc_fd_channel> ipc_fd_channel::make_pair() {
@@ -68,89 +134,57 @@ ipc_fd_channel& ipc_fd_channel::operator=(ipc_fd_channel&& other) noexcept {
   return *this;
 }
 
-// A message: one sendmsg of a header (u64 byte count, u32 descriptor count) carrying the
-// descriptors, then the bytes.
+// Note [Descriptors in chunks]
+// A message: one sendmsg of a header (u64 byte count, u32 descriptor count)
+// carrying the first descriptors, then the bytes; then, for every further 253
+// descriptors, one sendmsg of a single continuation byte carrying them. Linux
+// takes at most 253 descriptors a sendmsg (SCM_MAX_FD), and a handle of the
+// default pool has one descriptor a page: 2 MiB pages make 253 at 506 MiB. The
+// receiver reads the header and the bytes with plain reads of exact lengths
+// (which never reach into the continuation bytes, sent after), then the
+// continuations until it holds the count the header names.
 void ipc_fd_channel::send(std::span<const std::byte> bytes, std::span<const int> descriptors) {
   if (descriptors.size() > max_descriptors || bytes.size() > max_message_bytes) {
-    throw logic_error("gpumem::ipc_fd_channel::send: at most 253 descriptors and 16 MiB a message");
+    throw logic_error("gpumem::ipc_fd_channel::send: at most " + std::to_string(max_descriptors) +
+                      " descriptors and 16 MiB a message");
   }
   for (int fd : descriptors) {
     if (fd < 0) throw logic_error("gpumem::ipc_fd_channel::send: a descriptor this process does not hold");
   }
-  struct {
-    std::uint64_t bytes;
-    std::uint32_t descriptors;
-    std::uint32_t reserved;
-  } header{bytes.size(), static_cast<std::uint32_t>(descriptors.size()), 0};
-  iovec iov{&header, sizeof header};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_descriptors)] = {};
-  if (!descriptors.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * descriptors.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * descriptors.size());
-    std::memcpy(CMSG_DATA(c), descriptors.data(), sizeof(int) * descriptors.size());
-  }
-  ssize_t sent = -1;
-  do {
-    sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-  } while (sent < 0 && errno == EINTR);
-  if (sent < 0) fail("sendmsg", errno);
+  const message_header header{bytes.size(), static_cast<std::uint32_t>(descriptors.size()), 0};
+  const std::size_t first = std::min(descriptors.size(), descriptors_per_call);
+  const std::size_t sent = send_with_descriptors(fd_, &header, sizeof header, descriptors.first(first));
   // A stream socket may take the header in parts; the descriptors went with the first byte.
-  if (static_cast<std::size_t>(sent) < sizeof header) {
-    write_all(fd_, reinterpret_cast<const char*>(&header) + sent, sizeof header - static_cast<std::size_t>(sent));
-  }
+  if (sent < sizeof header) write_all(fd_, reinterpret_cast<const char*>(&header) + sent, sizeof header - sent);
   write_all(fd_, bytes.data(), bytes.size());
+  for (std::size_t at = first; at < descriptors.size(); at += descriptors_per_call) {
+    const std::size_t n = std::min(descriptors_per_call, descriptors.size() - at);
+    (void)send_with_descriptors(fd_, &continuation, 1, descriptors.subspan(at, n));
+  }
 }
 
 ipc_fd_channel::message ipc_fd_channel::receive() {
-  struct {
-    std::uint64_t bytes;
-    std::uint32_t descriptors;
-    std::uint32_t reserved;
-  } header{};
-  iovec iov{&header, sizeof header};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_descriptors)] = {};
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t got = -1;
-  do {
-    got = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-  } while (got < 0 && errno == EINTR);
-  if (got < 0) fail("recvmsg", errno);
-  if (got == 0) fail("recvmsg", ECONNRESET);
+  message_header header{};
   message out;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < n; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        out.descriptors.push_back(fd);
-      }
-    }
-  }
   auto close_received = [&] {
     for (int fd : out.descriptors) ::close(fd);
   };
   try {
-    if (msg.msg_flags & MSG_CTRUNC) fail("recvmsg", EMSGSIZE);
-    if (static_cast<std::size_t>(got) < sizeof header) {
-      read_all(fd_, reinterpret_cast<char*>(&header) + got, sizeof header - static_cast<std::size_t>(got));
-    }
-    if (header.bytes > max_message_bytes || header.descriptors != out.descriptors.size()) {
+    const std::size_t got = receive_with_descriptors(fd_, &header, sizeof header, out.descriptors);
+    if (got < sizeof header) read_all(fd_, reinterpret_cast<char*>(&header) + got, sizeof header - got);
+    if (header.bytes > max_message_bytes || header.descriptors > max_descriptors ||
+        out.descriptors.size() != std::min<std::size_t>(header.descriptors, descriptors_per_call)) {
       fail("a malformed message", EPROTO);
     }
     out.bytes.resize(header.bytes);
     read_all(fd_, out.bytes.data(), out.bytes.size());
+    while (out.descriptors.size() < header.descriptors) {
+      const std::size_t before = out.descriptors.size();
+      char marker = 0;
+      (void)receive_with_descriptors(fd_, &marker, 1, out.descriptors);
+      const std::size_t expected = std::min(descriptors_per_call, header.descriptors - before);
+      if (marker != continuation || out.descriptors.size() - before != expected) fail("a malformed message", EPROTO);
+    }
   } catch (...) {
     close_received();
     throw;

@@ -162,6 +162,20 @@ TEST(Ipc, ShareableVmmPoolAcrossChunks) {
   mr.deallocate(small, 4096, s);
 }
 
+TEST(Ipc, DefaultPoolAllocationOfMoreThan253PagesGoesOverAChannel) {
+  // The default pool's pages are one descriptor each: 600 MiB of 2 MiB pages is
+  // 300, more than one sendmsg carries (Note [Descriptors in chunks]).
+  gpumem::vmm_pool_resource mr{0};
+  gpumem::stream s{0};
+  const std::size_t n = 300 * mr.page_bytes();
+  void* p = mr.allocate(n, s);
+  s.synchronize();
+  ASSERT_GT(mr.physical_pieces(p, n).size(), 253u);
+  round_trip(mr, p, n, gpumem::ipc_kind::vmm);
+  mr.deallocate(p, n, s);
+  s.synchronize();
+}
+
 TEST(Ipc, DescriptorsTakenWithPidfdGetfd) {
   gpumem::async_resource pool_mr{0, {.ipc = gpumem::async_ipc_handle::posix_file_descriptor}};
   gpumem::vmm_pool_options shareable;
@@ -402,6 +416,36 @@ TEST(IpcFdChannel, PassesBytesAndDescriptors) {
   // A closed peer is a typed error, not a hang or a crash.
   a = gpumem::ipc_fd_channel(-1);
   EXPECT_THROW(b.receive(), gpumem::ipc_error);
+}
+
+TEST(IpcFdChannel, MoreDescriptorsThanOneSendmsgCarriesArriveInOrder) {
+  auto [a, b] = gpumem::ipc_fd_channel::make_pair();
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  // 600 descriptors: the pipe's write end, then its read end, alternating; each
+  // arrives as a descriptor of its own, in order.
+  std::vector<int> sent;
+  for (int i = 0; i < 600; ++i) sent.push_back(pipe_fds[i % 2]);
+  const std::string text = "many";
+  a.send(std::span(reinterpret_cast<const std::byte*>(text.data()), text.size()), sent);
+  auto m = b.receive();
+  ASSERT_EQ(m.descriptors.size(), 600u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.bytes.data()), m.bytes.size()), text);
+  for (int i = 0; i < 600; ++i) {
+    // Descriptors of one open file share its status flags: the write end is O_WRONLY.
+    const int mode = fcntl(m.descriptors[i], F_GETFL) & O_ACCMODE;
+    EXPECT_EQ(mode, i % 2 == 0 ? O_RDONLY : O_WRONLY) << "descriptor " << i;
+  }
+  for (int fd : m.descriptors) close(fd);
+  // A second message on the same channel after the chunks starts clean.
+  a.send(std::span(reinterpret_cast<const std::byte*>(text.data()), text.size()), std::span(&pipe_fds[0], 1));
+  auto again = b.receive();
+  ASSERT_EQ(again.descriptors.size(), 1u);
+  close(again.descriptors[0]);
+  std::vector<int> too_many(65537, pipe_fds[0]);
+  EXPECT_THROW(a.send({}, too_many), gpumem::logic_error);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
 }
 
 TEST(IpcPidfd, TakesADescriptorOrSaysWhy) {
