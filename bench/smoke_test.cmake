@@ -2,8 +2,9 @@
 # logs in bench/traces) with --plot and --json, then checks that it exited 0,
 # that every chart is a complete SVG with a line in it, that the JSON names
 # both workloads, and that the default resource keeps W5's memory ceiling on
-# every log (peak reserved / peak live <= 1.20, the logs above the 1.10 target
-# listed; no allocation failed with 1.10 x the peak live bytes free); then W8,
+# every log (peak reserved / peak live <= 1.30, the logs above the 1.10 target
+# listed; no allocation failed with 1.10 x the peak live bytes free), and that no
+# row reserved less than the peak live bytes; then W8,
 # whose cells the simulator skips. Run by
 # ctest with GPUMEM_BACKEND=sim; BENCH and OUT are given.
 file(REMOVE_RECURSE "${OUT}")
@@ -65,6 +66,19 @@ foreach(w RANGE ${last_workload})
   math(EXPR last_subject "${subjects} - 1")
   foreach(s RANGE ${last_subject})
     string(JSON name GET "${json}" workloads ${w} subjects ${s} name)
+    # Physical sense, every row: a resource cannot hold less than what is live
+    # (0.99: the peaks are sampled, not exact).
+    foreach(c RANGE ${last_column})
+      string(JSON group GET "${json}" workloads ${w} columns ${c} group)
+      string(JSON status GET "${json}" workloads ${w} subjects ${s} results ${c} status)
+      if(group STREQUAL "peak reserved / peak live" AND status STREQUAL "ok")
+        string(JSON value GET "${json}" workloads ${w} subjects ${s} results ${c} median)
+        if(value LESS 0.99)
+          string(JSON log GET "${json}" workloads ${w} columns ${c} variant)
+          message(FATAL_ERROR "W5 ${log}: ${name} reserved ${value} x the peak live bytes: below what is live")
+        endif()
+      endif()
+    endforeach()
     if(NOT name STREQUAL "gpumem default")
       continue()
     endif()
@@ -79,11 +93,12 @@ foreach(w RANGE ${last_workload})
       # The target is 1.10. Logs whose streams work at the same time miss it: each
       # stream keeps what it freed while it is busy (Note [Pages, frugal first],
       # src/vmm/page_backing.cpp), so the pool holds about the sum of the streams'
-      # peaks, 1.17 for data-pipeline; and Note [A time budget for moves] buys
-      # memory where moves cost time (docs/benchmarks.md). 1.20 is the ceiling a
-      # change must not cross; the misses are listed.
-      if(group STREQUAL "peak reserved / peak live" AND value GREATER 1.20)
-        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (ceiling 1.20, target 1.10)")
+      # peaks, 1.17 for data-pipeline; and Note [A time budget for moves] buys up
+      # to 1/4 of the peak where moves cost time, which depends on the host's
+      # speed (1.14-1.20 for vision-multiscale here; docs/benchmarks.md). 1.30 is
+      # the ceiling a change must not cross; the misses are listed.
+      if(group STREQUAL "peak reserved / peak live" AND value GREATER 1.30)
+        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (ceiling 1.30, target 1.10)")
       elseif(group STREQUAL "peak reserved / peak live" AND value GREATER 1.10)
         message(STATUS "W5 ${log}: the default resource reserved ${value} x the peak live bytes: above the 1.10 target")
       elseif(group MATCHES "^failed allocations" AND value GREATER 0)

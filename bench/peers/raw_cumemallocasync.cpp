@@ -24,10 +24,18 @@ class raw_cumemallocasync final : public memory_resource {
   }
 
   // The default pool is the device's, not this row's: hand back what the row
-  // cached, so the next row starts from the same free memory, and restore the
-  // threshold. The harness has drained the stream, so nothing is in flight.
+  // cached, so the next row (and the next cell of this row) starts from the same
+  // free memory, and restore the threshold. Frees queued on streams other than
+  // the harness's (W5 replays on streams of their own) are not complete yet and
+  // a trim would keep their memory, which the next cell would then reuse
+  // unseen (peak reserved / peak live below 1): the device is synchronised first.
   ~raw_cumemallocasync() override {
     const detail::driver_api& d = detail::driver();
+    try {
+      ensure_current_device(device_);
+    } catch (...) {
+    }
+    (void)d.cuCtxSynchronize();
     (void)d.cuMemPoolTrimTo(pool_, 0);
     (void)d.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &saved_threshold_);
   }

@@ -55,6 +55,13 @@ std::size_t device_used(int device) {
   return m.total_bytes - m.free_bytes;
 }
 
+// How far the device's use rose above `base`: 0 where it fell (a pool that gave
+// memory back during the growth), never an unsigned wrap.
+std::size_t used_above(int device, std::size_t base) {
+  const std::size_t used = device_used(device);
+  return used > base ? used - base : 0;
+}
+
 std::vector<std::size_t> steps(std::size_t final, bool doubling) {
   std::vector<std::size_t> out;
   if (doubling) {
@@ -98,7 +105,7 @@ growth grow_buffer(int device, stream& st, const std::vector<std::size_t>& sizes
       b.resize(n);
       fill(static_cast<char*>(b.data()) + old, n - old, st);
       old = n;
-      if (track_peak) g.peak = std::max(g.peak, device_used(device) - base);
+      if (track_peak) g.peak = std::max(g.peak, used_above(device, base));
       g.at_ms.push_back(ms_since(t0));
     }
     st.synchronize();
@@ -124,7 +131,7 @@ growth grow_by_copy(memory_resource& mr, int device, stream& st, const std::vect
                   st.handle());
       }
       fill(static_cast<char*>(next) + old, n - old, st);
-      if (track_peak) g.peak = std::max(g.peak, device_used(device) - base);
+      if (track_peak) g.peak = std::max(g.peak, used_above(device, base));
       if (cur != nullptr) mr.deallocate(cur, old, st);
       cur = next;
       old = n;
