@@ -38,13 +38,15 @@ class writer {
   explicit writer(std::vector<std::byte>& out) : out_(out) {}
   template <class T>
   void put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out_.insert(out_.end(), p, p + sizeof(T));
+    put_bytes(&v, sizeof(T));
   }
+  // resize + memcpy rather than insert of a byte range: g++ 12 warns
+  // (-Wstringop-overflow) about the inlined insert, wrongly.
   void put_bytes(const void* p, std::size_t n) {
     if (n == 0) return;
-    const auto* b = static_cast<const std::byte*>(p);
-    out_.insert(out_.end(), b, b + n);
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    std::memcpy(out_.data() + at, p, n);
   }
 
  private:
