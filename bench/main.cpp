@@ -360,11 +360,17 @@ int run(int argc, char** argv) {
            std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count() >
                opts.time_limit_seconds;
   };
+  std::size_t cells_done = 0;
+  const std::size_t cells_total = workloads.size() * subjects.size();
   for (const workload* w : workloads) {
     workload_result res;
     res.w = w;
     res.columns = w->columns(opts);
     for (const subject* s : subjects) {
+      // Progress on stderr (the tables go to stdout): a line per row of every workload.
+      const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      std::cerr << "gpumem-bench: [" << ++cells_done << "/" << cells_total << ", " << static_cast<long long>(so_far)
+                << " s] " << w->id() << " " << w->name() << ": " << s->name << "\n";
       auto error_cell = [](std::string message) {
         cell c;
         c.status = cell_status::error;
@@ -405,6 +411,9 @@ int run(int argc, char** argv) {
     results.push_back(std::move(res));
   }
 
+  print_verdict(std::cout, results);
+  std::cout << "ran in " << static_cast<long long>(std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count())
+            << " s" << (opts.quick ? " (--quick: fewer ops and repetitions)" : "") << "\n";
   if (json.is_open()) {
     write_json(json, info, opts, results);
     json.close();

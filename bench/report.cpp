@@ -156,6 +156,41 @@ std::optional<double> ratio_to_best_peer(const workload_result& result, std::siz
   return b / c.median();
 }
 
+void print_verdict(std::ostream& out, const std::vector<workload_result>& results) {
+  out << "verdict: " << default_subject_name
+      << " against the best peer of each column (below 1: better; the tables above have the figures)\n";
+  bool any = false;
+  for (const workload_result& res : results) {
+    std::size_t row = res.rows.size();
+    for (std::size_t r = 0; r < res.rows.size(); ++r) {
+      if (res.rows[r].s->name == default_subject_name) row = r;
+    }
+    if (row == res.rows.size()) continue;
+    // One line per table: W5's groups are tables of their own.
+    std::vector<std::string> groups;
+    for (const column& c : res.columns) {
+      if (std::find(groups.begin(), groups.end(), c.group) == groups.end()) groups.push_back(c.group);
+    }
+    for (const std::string& group : groups) {
+      std::string cells;
+      std::size_t better = 0, compared = 0;
+      for (std::size_t col = 0; col < res.columns.size(); ++col) {
+        if (res.columns[col].group != group) continue;
+        const auto ratio = ratio_to_best_peer(res, row, col);
+        if (!ratio) continue;
+        ++compared;
+        better += *ratio < 1.0;
+        cells += (cells.empty() ? "" : ", ") + res.columns[col].label + " " + format_ratio(*ratio);
+      }
+      if (compared == 0) continue;
+      any = true;
+      out << "  " << res.w->id() << " " << res.w->name() << (group.empty() ? "" : ", " + group) << ": better in "
+          << better << " of " << compared << " (" << cells << ")\n";
+    }
+  }
+  if (!any) out << "  no column had both " << default_subject_name << " and a peer measured\n";
+}
+
 void print_header(std::ostream& out, const run_info& info) {
   out << "gpumem-bench " << info.gpumem_version << "  backend " << info.backend << "\n"
       << "device " << info.device << ": " << info.device_name << ", "

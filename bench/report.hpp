@@ -52,6 +52,10 @@ std::optional<std::size_t> best_peer(const workload_result& result, std::size_t 
 std::optional<double> ratio_to_best_peer(const workload_result& result, std::size_t row,
                                          std::size_t col);
 
+// The run's last lines: per workload (and table), the default resource's ratio to
+// the best peer in every column, and in how many it is better.
+void print_verdict(std::ostream& out, const std::vector<workload_result>& results);
+
 // Three significant figures or more: 4.04, 63.5, 208, 56,895; 0.833 below 1.
 std::string format_figure(double v);
 // A ratio: 0.03x, 1.46x, 93.8x, 146x.
