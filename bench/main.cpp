@@ -1,6 +1,6 @@
 // gpumem-bench: measures gpumem's resources and the peers (raw driver
 // allocators; RMM and PyTorch's caching allocator from plugins) on the standard workloads of
-// BENCHMARKS.md, in one run, and prints each figure beside its ratio to the
+// docs/benchmarks-method.md, in one run, and prints each figure beside its ratio to the
 // best peer. docs/benchmarks-method.md says how it measures.
 //
 // Exit status: 0 success (a row that ran out of memory or hit a driver error is
@@ -51,10 +51,11 @@ void print_help(std::ostream& out) {
   out << "usage: gpumem-bench [options]\n"
          "\n"
          "Measures gpumem's resources and peer allocators on the standard workloads\n"
-         "(BENCHMARKS.md) on device 0 and prints one table per workload: each cell is the\n"
-         "median over the repetitions and, in parentheses, its ratio to the best peer in\n"
-         "that column, taken so that below 1 is better than the best peer in every column\n"
-         "(inverted where higher is better, as ops/s).\n"
+         "(docs/benchmarks-method.md, Workloads) on device 0 and prints one table per\n"
+         "workload: each cell is the median over the repetitions and, in parentheses, its\n"
+         "ratio to the best peer in that column, taken so that below 1 is better than the\n"
+         "best peer in every column (inverted where higher is better, as ops/s). Progress\n"
+         "goes to stderr, a line per row; a verdict closes the run.\n"
          "\n"
          "options:\n"
          "  --workloads LIST   comma-separated ids or names to run (default: all), e.g. W1,W3\n"
@@ -250,7 +251,7 @@ std::vector<const subject*> select_subjects(const options& opts) {
   return out;
 }
 
-// The NVIDIA kernel driver's version (e.g. "580.159.04"), which BENCHMARKS.md's
+// The NVIDIA kernel driver's version (e.g. "580.159.04"), which docs/benchmarks-method.md's
 // figures quote beside the CUDA version; empty where there is none (simulator).
 std::string kernel_driver_version() {
   std::ifstream in("/proc/driver/nvidia/version");

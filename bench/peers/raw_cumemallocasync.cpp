@@ -1,7 +1,7 @@
 // Peer "cuMemAllocAsync": the driver's stream-ordered allocator (what
 // cudaMallocAsync / cudaFreeAsync cost) on the device's default pool, with the
 // pool's release threshold at UINT64_MAX so that it keeps freed memory cached
-// instead of returning it at every synchronization (BENCHMARKS.md: the peer as
+// instead of returning it at every synchronization (docs/benchmarks-method.md: the peer as
 // a tuned application would run it).
 #include <cstdint>
 

@@ -4,7 +4,7 @@
 // rmm_pool.cpp, rmm_arena.cpp, rmm_binning.cpp, rmm_cuda_async.cpp; the entry
 // point and the row table are in rmm_plugin.cpp.
 //
-// The configurations are BENCHMARKS.md's: pool with an initial size of half the
+// The configurations are docs/benchmarks-method.md's: pool with an initial size of half the
 // free memory and no maximum; arena at its default size (half the free memory)
 // and sized to the free memory; binning with bins 2^18..2^22 over such a pool;
 // cuda_async at its defaults (release threshold: keep everything).

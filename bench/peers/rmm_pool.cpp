@@ -1,6 +1,6 @@
 // Peer "RMM pool": rmm::mr::pool_memory_resource over cuda_memory_resource
 // (cudaMalloc), initial size half of the free device memory, no maximum: the
-// configuration RMM's documentation suggests and BENCHMARKS.md measures.
+// configuration RMM's documentation suggests and docs/benchmarks-method.md measures.
 #include <rmm/cuda_device.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
 #include <rmm/mr/pool_memory_resource.hpp>

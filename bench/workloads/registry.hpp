@@ -1,5 +1,5 @@
 // The workloads of gpumem-bench, one file each under workloads/ (W1..W8 of
-// BENCHMARKS.md). A new workload declares its accessor here and is listed in
+// docs/benchmarks-method.md). A new workload declares its accessor here and is listed in
 // registry.cpp.
 #pragma once
 

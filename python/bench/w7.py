@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""W7 (python) from BENCHMARKS.md: allocation cost as Python code sees it.
+"""W7 (python) from docs/benchmarks-method.md: allocation cost as Python code sees it.
 
   (a) a raw buffer alloc+free: gpumem.DeviceBuffer(n) created and dropped, beside
       CuPy's MemoryPool and MemoryAsyncPool (cupy.cuda.alloc) and torch.empty;
