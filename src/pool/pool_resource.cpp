@@ -1,6 +1,7 @@
 // pool_resource: a fast, stream-ordered, coalescing sub-allocator over any
 // upstream resource (docs/pool.md). The engine (stream_ordered_pool.hpp) does the
 // work; this file makes it and gives it the upstream (pool_reclaim.cpp).
+#include <string>
 #include "gpumem/pool_resource.hpp"
 
 #include <cstdio>
@@ -28,11 +29,23 @@ detail::stream_pool_settings settings_of(const pool_options& o) {
 
 const pool_options& checked(const pool_options& o) {
   constexpr std::size_t granule = detail::stream_ordered_pool::granule;
+  // Sizes past any device's memory (and past the address space) would overflow
+  // the pool's rounding: refused here, with the field named.
+  constexpr std::size_t largest = std::size_t{1} << 50;  // 1 PiB
+  auto refuse = [](const std::string& why) { throw logic_error("gpumem::pool_resource: " + why); };
   if (o.min_chunk_bytes < granule || o.max_chunk_bytes < o.min_chunk_bytes) {
-    throw logic_error("gpumem::pool_resource: need 256 <= min_chunk_bytes <= max_chunk_bytes");
+    refuse("need 256 <= min_chunk_bytes <= max_chunk_bytes (min_chunk_bytes " + std::to_string(o.min_chunk_bytes) +
+           ", max_chunk_bytes " + std::to_string(o.max_chunk_bytes) + ")");
+  }
+  if (o.max_chunk_bytes > largest) {
+    refuse("max_chunk_bytes " + std::to_string(o.max_chunk_bytes) + " is larger than 1 PiB (2^50 bytes)");
+  }
+  if (o.initial_bytes > largest) {
+    refuse("initial_bytes " + std::to_string(o.initial_bytes) + " is larger than 1 PiB (2^50 bytes)");
   }
   if (o.maximum_bytes != 0 && o.initial_bytes > o.maximum_bytes) {
-    throw logic_error("gpumem::pool_resource: initial_bytes exceeds maximum_bytes");
+    refuse("initial_bytes " + std::to_string(o.initial_bytes) + " exceeds maximum_bytes " +
+           std::to_string(o.maximum_bytes));
   }
   return o;
 }

@@ -322,7 +322,7 @@ void* stream_ordered_pool::finish_unready(arena& a, block* b, bool growing) {
 }
 
 void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
-  if (r.need > backing->largest_possible()) throw_out_of_memory(r.requested);
+  if (r.need > backing->largest_possible()) throw_out_of_memory(r.requested, r.alignment);
   // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
   {
     std::lock_guard lock(a.lock);
@@ -359,7 +359,7 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   if (backing->grow(a, r.need, true)) {
     if (void* p = try_own(a, r, true)) return p;
   }
-  throw_out_of_memory(r.requested);
+  throw_out_of_memory(r.requested, r.alignment);
 }
 
 void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
@@ -548,9 +548,14 @@ pool_totals stream_ordered_pool::collect() {
   return s;
 }
 
-void stream_ordered_pool::throw_out_of_memory(std::size_t requested) {
+void stream_ordered_pool::throw_out_of_memory(std::size_t requested, std::size_t alignment) {
   const memory_info m = device_memory_info(device);
-  const std::string why = backing->shortage(requested);
+  std::string why = backing->shortage(requested);
+  if (alignment > granule) {
+    // The alignment is what the pool must find room for: name it.
+    why = "with alignment " + std::to_string(alignment) + " the request needs " +
+          std::to_string(requested + alignment - granule) + " bytes of room; " + why;
+  }
   throw out_of_memory({.requested_bytes = requested, .device = device, .resource = name,
                        .resource_held_bytes = reserved_bytes.load(), .device_free_bytes = m.free_bytes,
                        .device_total_bytes = m.total_bytes, .reason = why});

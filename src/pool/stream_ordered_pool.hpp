@@ -168,7 +168,7 @@ class stream_ordered_pool {
   void synchronize_and_fence_everything();
   // Every arena's blocks are coalesced (quick caches flushed) before they are read.
   pool_totals collect();
-  [[noreturn]] void throw_out_of_memory(std::size_t requested);
+  [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t alignment = 0);
 
   // ---- chunks ----
   // Registers a chunk owned by `a` whose whole range is one free block with

@@ -58,6 +58,10 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o)
     throw logic_error("gpumem::vmm_pool_resource: maximum_bytes (" + std::to_string(opt.maximum_bytes) +
                       ") is less than one page (" + std::to_string(page) + " bytes)");
   }
+  if (opt.segment_bytes > (std::size_t{1} << 50)) {  // past any address space; its rounding would overflow
+    throw logic_error("gpumem::vmm_pool_resource: segment_bytes (" + std::to_string(opt.segment_bytes) +
+                      ") is larger than 1 PiB (2^50 bytes)");
+  }
   segment_bytes = vm::round_up(opt.segment_bytes != 0 ? opt.segment_bytes : device_total, page);
 }
 
