@@ -61,6 +61,15 @@ growable_buffer::growable_buffer(int device, stream_view stream, growable_option
       pending_(std::make_unique<detail::vmm::release_queue>()) {
   granularity_ = detail::vmm::granularity(device);
   for (int peer : options_.peer_devices) detail::validate_device(peer, "growable_buffer peer_devices");
+  // Past any address space, and the rounding below would overflow (to 0: a division by zero later).
+  constexpr std::size_t largest = std::size_t{1} << 50;  // 1 PiB
+  for (auto [field, value] : {std::pair{"min_chunk_bytes", options_.min_chunk_bytes},
+                              std::pair{"max_chunk_bytes", options_.max_chunk_bytes}}) {
+    if (value > largest) {
+      throw logic_error(std::string("growable_buffer: ") + field + " (" + std::to_string(value) +
+                        ") is larger than 1 PiB (2^50 bytes)");
+    }
+  }
   options_.min_chunk_bytes = detail::vmm::round_up(std::max(options_.min_chunk_bytes, granularity_), granularity_);
   options_.max_chunk_bytes = std::max(detail::vmm::round_up(options_.max_chunk_bytes, granularity_), options_.min_chunk_bytes);
   options_.address_bytes = detail::vmm::round_up(std::min(options_.address_bytes, SIZE_MAX / 4), granularity_);
@@ -233,6 +242,9 @@ void growable_buffer::ensure_addresses(std::size_t bytes) {
 }
 
 void growable_buffer::map_more(std::size_t bytes) {
+  // Before any rounding: a size past any address range would wrap (and leave the
+  // buffer claiming bytes it never mapped). The buffer is left as it was.
+  if (bytes > SIZE_MAX / 2) throw_oom(device_, bytes, mapped_, "larger than any address range");
   const std::size_t target = detail::vmm::round_up(bytes, options_.min_chunk_bytes);
   // A shrink still waiting on the stream holds mappings where growth maps now.
   if (!pending_->empty() && (pending_->poll(), !pending_->empty())) pending_->drain();

@@ -310,6 +310,37 @@ TEST_F(GrowableBuffer, OutOfMemoryMidGrowthLeavesTheBufferIntact) {
   EXPECT_EQ(device_count_mismatches(b.data(), 4 * MiB, 0x77, s), 0U);
 }
 
+TEST_F(GrowableBuffer, SizesPastAnyAddressRangeAreOutOfMemoryAndChangeNothing) {
+  EXPECT_THROW(growable_buffer(SIZE_MAX, 0, s), out_of_memory);
+  growable_buffer b(0, s);
+  b.resize(4096);
+  const std::size_t capacity = b.capacity();
+  for (std::size_t huge : {SIZE_MAX, SIZE_MAX - (std::size_t{1} << 20), std::size_t{1} << 63}) {
+    EXPECT_THROW(b.resize(huge), out_of_memory) << huge;
+    EXPECT_EQ(b.size(), 4096U) << huge;
+    EXPECT_EQ(b.capacity(), capacity) << huge;
+  }
+  b.resize(8192);  // still usable
+  EXPECT_EQ(b.size(), 8192U);
+  device_vector<double> v(0, s);
+  EXPECT_THROW(v.resize(SIZE_MAX / 8), out_of_memory);
+  EXPECT_EQ(v.size(), 0U);
+}
+
+TEST_F(GrowableBuffer, ChunkSizesPastAPebibyteAreLogicErrorsNamingTheField) {
+  growable_options o;
+  o.min_chunk_bytes = SIZE_MAX;
+  try {
+    growable_buffer b(0, s, o);
+    ADD_FAILURE() << "min_chunk_bytes SIZE_MAX accepted";
+  } catch (const logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("min_chunk_bytes"), std::string::npos) << e.what();
+  }
+  growable_options m;
+  m.max_chunk_bytes = SIZE_MAX;
+  EXPECT_THROW(growable_buffer(0, s, m), logic_error);
+}
+
 TEST_F(GrowableBuffer, DeviceVectorIsTyped) {
   device_vector<double> v(0, s);
   v.resize(1000);
