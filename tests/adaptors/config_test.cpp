@@ -73,8 +73,13 @@ TEST(Config, ErrorsNameTheBadToken) {
   EXPECT_NE(error_of("pool,x=1").find("GPUMEM_CONF \"pool,x=1\""), std::string::npos) << "the whole string is quoted";
   EXPECT_THROW(make_resource_from_config("pool,bogus", 0), logic_error);
   // A size that parses but no pool can take says which field, not "0 bytes requested".
-  EXPECT_NE(error_of("pool,initial=18446744073709551615").find("initial_bytes 18446744073709551615 is larger"),
-            std::string::npos);
+  try {
+    (void)make_resource_from_config("pool,initial=18446744073709551615", 0);
+    ADD_FAILURE() << "initial=2^64-1 accepted";
+  } catch (const logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("initial_bytes 18446744073709551615 is larger"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Config, TheDefaultBaseIsThePagedPoolWithABudget) {
