@@ -73,9 +73,13 @@ growable_buffer::growable_buffer(int device, stream_view stream, growable_option
   options_.min_chunk_bytes = detail::vmm::round_up(std::max(options_.min_chunk_bytes, granularity_), granularity_);
   options_.max_chunk_bytes = std::max(detail::vmm::round_up(options_.max_chunk_bytes, granularity_), options_.min_chunk_bytes);
   options_.address_bytes = detail::vmm::round_up(std::min(options_.address_bytes, SIZE_MAX / 4), granularity_);
-  if (stream_.handle() != nullptr && stream_.handle() != CU_STREAM_LEGACY && stream_.handle() != CU_STREAM_PER_THREAD &&
-      stream_.device() != device_) {
-    throw logic_error("growable_buffer: the stream belongs to device " + std::to_string(stream_.device()) +
+  check_stream(stream_);
+}
+
+void growable_buffer::check_stream(stream_view s) const {
+  if (s.handle() != nullptr && s.handle() != CU_STREAM_LEGACY && s.handle() != CU_STREAM_PER_THREAD &&
+      s.device() != device_) {
+    throw logic_error("growable_buffer: the stream belongs to device " + std::to_string(s.device()) +
                       ", not to device " + std::to_string(device_));
   }
 }
@@ -119,6 +123,7 @@ growable_buffer& growable_buffer::operator=(growable_buffer&& other) noexcept {
 }
 
 void growable_buffer::set_stream(stream_view s) {
+  check_stream(s);  // before anything changes
   // Shrinks queued behind the old stream run first (a wait for that stream only).
   pending_->drain();
   stream_ = s;

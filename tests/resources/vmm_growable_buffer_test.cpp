@@ -327,6 +327,17 @@ TEST_F(GrowableBuffer, SizesPastAnyAddressRangeAreOutOfMemoryAndChangeNothing) {
   EXPECT_EQ(v.size(), 0U);
 }
 
+TEST_F(GrowableBuffer, AnotherDevicesStreamIsRefusedAndChangesNothing) {
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  stream other(1);
+  EXPECT_THROW(growable_buffer(0, other), logic_error);
+  growable_buffer b(4096, 0, s);
+  EXPECT_THROW(b.set_stream(other), logic_error);
+  EXPECT_EQ(b.stream().handle(), s.handle()) << "the buffer kept its stream";
+  b.resize(8192);
+  EXPECT_EQ(b.size(), 8192U);
+}
+
 TEST_F(GrowableBuffer, ChunkSizesPastAPebibyteAreLogicErrorsNamingTheField) {
   growable_options o;
   o.min_chunk_bytes = SIZE_MAX;

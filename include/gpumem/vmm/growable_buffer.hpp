@@ -104,6 +104,8 @@ class GPUMEM_EXPORT growable_buffer {
   };
   void ensure_addresses(std::size_t bytes);
   void map_more(std::size_t bytes);
+  // logic_error when `s` is another device's stream (the legacy and per-thread streams are any device's).
+  void check_stream(stream_view s) const;
   void give_back_everything() noexcept;
 
   int device_ = 0;
