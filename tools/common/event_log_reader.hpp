@@ -22,6 +22,7 @@ struct logged_event {
   std::uint64_t alignment = 256;
   std::string outcome;   // ok, oom, logic_error, cuda_error, error
   std::string site;
+  std::size_t line = 0;  // in the file, for messages
   bool ok() const { return outcome == "ok"; }
 };
 

@@ -213,5 +213,52 @@ TEST(Replay, BadInputIsReported) {
   EXPECT_THROW(replay_events(read_event_log(log.str()), o), logic_error);
 }
 
+TEST(Replay, MalformedLogsNameTheFileTheLineAndTheField) {
+  const std::string header = "seq,time_ns,thread,device,stream,source,op,ptr,bytes,alignment,outcome,site\n";
+  const std::string ok_row = "1,10,1,0,0x1,app,allocate,0x10,4096,256,ok,\n";
+  const struct {
+    const char* name;
+    std::string body;
+    const char* says;
+  } cases[] = {
+      {"header-only", "", "no events after the header"},
+      {"cut", ok_row + "2,20,1,0,0x1,app,deall", ":3: 7 fields where the header has 12"},
+      {"quote", "1,10,1,0,0x1,app,allocate,0x10,4096,256,ok,\"site\n", ":2: an unterminated quote"},
+      {"negative-seq", "-5,10,1,0,0x1,app,allocate,0x10,4096,256,ok,\n", ":2: bad seq \"-5\""},
+      {"huge-seq", "18446744073709551615,10,1,0,0x1,app,allocate,0x10,4096,256,ok,\n", "outside [1, 2^63)"},
+      {"duplicate-seq", ok_row + "1,20,1,0,0x1,app,deallocate,0x10,4096,256,ok,\n", ":3: seq 1 repeats line 2's"},
+      {"negative-bytes", "1,10,1,0,0x1,app,allocate,0x10,-4096,256,ok,\n", ":2: bad bytes \"-4096\""},
+      {"zero-bytes", "1,10,1,0,0x1,app,allocate,0x10,0,256,ok,\n", ":2: an allocation of 0 bytes"},
+      {"alignment-3", "1,10,1,0,0x1,app,allocate,0x10,4096,3,ok,\n", ":2: alignment 3 is not a power of two"},
+  };
+  for (const auto& c : cases) {
+    temp_file log(std::string("malformed-") + c.name + ".csv");
+    {
+      std::ofstream f(log.str());
+      f << header << c.body;
+    }
+    try {
+      (void)read_event_log(log.str());
+      ADD_FAILURE() << c.name << ": read";
+    } catch (const tools::log_format_error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(log.str()), std::string::npos) << c.name << ": names the file";
+    }
+    for (const char* tool : {GPUMEM_REPLAY_EXE, GPUMEM_REPORT_EXE}) {
+      const command_result r = run_command(tool_path(tool) + " " + log.str());
+      EXPECT_NE(r.status, 0) << c.name << " " << tool << ": " << r.output;
+      EXPECT_NE(r.output.find(c.says), std::string::npos) << c.name << " " << tool << ": " << r.output;
+    }
+  }
+  // A failed request may have asked anything: the log keeps it.
+  temp_file failed("failed-huge.csv");
+  {
+    std::ofstream f(failed.str());
+    f << header << "1,10,1,0,0x1,app,allocate,0x0,18446744073709551615,256,oom,\n" << ok_row.substr(0, 0)
+      << "2,20,1,0,0x1,app,allocate,0x10,4096,256,ok,\n3,30,1,0,0x1,app,deallocate,0x10,4096,256,ok,\n";
+  }
+  EXPECT_EQ(read_event_log(failed.str()).size(), 3U);
+}
+
 }  // namespace
 }  // namespace gpumem::test
