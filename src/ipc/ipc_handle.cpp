@@ -171,7 +171,7 @@ ipc_handle ipc_handle::deserialize(std::span<const std::byte> bytes) {
   }
   std::uint64_t sum = 0;
   std::memcpy(&sum, bytes.data() + bytes.size() - trailer_bytes, sizeof sum);
-  if (sum != fnv1a(bytes.data(), bytes.size() - trailer_bytes)) malformed("checksum mismatch (corrupted or forged)");
+  if (sum != fnv1a(bytes.data(), bytes.size() - trailer_bytes)) malformed("checksum mismatch (damaged bytes: the checksum finds damage, not forgery)");
   if (kind < 1 || kind > 3) malformed("unknown kind " + std::to_string(kind));
 
   ipc_handle h;

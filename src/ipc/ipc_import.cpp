@@ -98,11 +98,32 @@ void require_peer_access(int user, int owner) {
   }
 }
 
+// Note [What a handle's size and offset may claim]
+// A handle's size and offset are bytes anyone can write: the checksum finds
+// damage, not intent (it is FNV, not a MAC). So a mapping is handed out only when
+// [offset, offset + size) lies inside what the driver itself opened, as it reports
+// it (cuMemGetAddressRange on the opened pointer); else the import is undone and
+// refused. VMM handles are checked against their pieces at deserialisation.
+// Where the driver cannot report the range, its own checks stand.
+void require_inside(CUdeviceptr opened, const ipc_handle& h, int device, const char* kind) {
+  const detail::device_context_guard guard(device);
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (detail::driver().cuMemGetAddressRange(&base, &size, opened) != CUDA_SUCCESS) return;
+  const std::size_t room = static_cast<std::size_t>(base + size - opened);
+  if (opened < base || h.offset() > room || h.size() > room - h.offset()) {
+    throw_ipc(ipc_errc::malformed_handle,
+              std::string("gpumem::import_allocation: the ") + kind + " handle claims " + std::to_string(h.size()) +
+                  " bytes at offset " + std::to_string(h.offset()) + ", but what the driver opened has " +
+                  std::to_string(room) + " bytes: a forged or damaged handle");
+  }
+}
+
 ipc_mapping import_legacy(const ipc_handle& h, int device, int user) {
   std::array<std::byte, sizeof(CUipcMemHandle)> key{};
   std::memcpy(key.data(), h.driver_bytes().data(), key.size());
   import_cache& c = cache();
-  std::lock_guard lock(c.mutex);
+  std::unique_lock lock(c.mutex);
   auto [it, inserted] = c.legacy.try_emplace(key);
   if (inserted) {
     CUipcMemHandle handle{};
@@ -117,14 +138,19 @@ ipc_mapping import_legacy(const ipc_handle& h, int device, int user) {
     it->second.base = base;
   }
   ++it->second.references;
-  return ipc_access::make_mapping(reinterpret_cast<void*>(it->second.base + h.offset()), h.size(), device, user,
-                                  ipc_kind::legacy, it->second.base, 0, reinterpret_cast<std::uintptr_t>(&it->second));
+  ipc_mapping m = ipc_access::make_mapping(reinterpret_cast<void*>(it->second.base + h.offset()), h.size(), device,
+                                           user, ipc_kind::legacy, it->second.base, 0,
+                                           reinterpret_cast<std::uintptr_t>(&it->second));
+  const CUdeviceptr opened = it->second.base;
+  lock.unlock();  // a refusal closes the mapping, which takes the lock
+  require_inside(opened, h, device, "legacy");
+  return m;
 }
 
 ipc_mapping import_pool(const ipc_handle& h, int device, int user) {
   const auto pool_id = static_cast<std::uint64_t>(ipc_access::pieces(h)[0].bytes);
   import_cache& c = cache();
-  std::lock_guard lock(c.mutex);
+  std::unique_lock lock(c.mutex);
   auto [it, inserted] = c.pools.try_emplace(std::make_pair(h.exporter_pid(), pool_id));
   pool_entry& entry = it->second;
   const detail::device_context_guard guard(device);
@@ -167,8 +193,11 @@ ipc_mapping import_pool(const ipc_handle& h, int device, int user) {
     }
   }
   ++entry.references;
-  return ipc_access::make_mapping(reinterpret_cast<void*>(block + h.offset()), h.size(), device, user, ipc_kind::pool,
-                                  block, 0, reinterpret_cast<std::uintptr_t>(&entry));
+  ipc_mapping m = ipc_access::make_mapping(reinterpret_cast<void*>(block + h.offset()), h.size(), device, user,
+                                           ipc_kind::pool, block, 0, reinterpret_cast<std::uintptr_t>(&entry));
+  lock.unlock();  // a refusal closes the mapping, which takes the lock
+  require_inside(block, h, device, "pool");
+  return m;
 }
 
 ipc_mapping import_vmm(const ipc_handle& h, int device, int user) {

@@ -357,6 +357,51 @@ TEST(Ipc, TruncatedForgedAndForeignBytesAreRejected) {
   mr.deallocate(p, 4096, s);
 }
 
+// The handle's bytes with its size (at byte 24) or offset (at byte 32) rewritten and
+// the checksum made again, as anyone can (docs/ipc.md: the checksum finds damage,
+// not intent).
+std::vector<std::byte> forge(std::vector<std::byte> bytes, std::size_t at, std::uint64_t value) {
+  std::memcpy(bytes.data() + at, &value, sizeof value);
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over all but the trailer
+  for (std::size_t i = 0; i + 8 < bytes.size(); ++i) {
+    h ^= static_cast<std::uint64_t>(bytes[i]);
+    h *= 0x100000001b3ull;
+  }
+  std::memcpy(bytes.data() + bytes.size() - 8, &h, sizeof h);
+  return bytes;
+}
+
+TEST(Ipc, ASizeOrOffsetPastWhatWasExportedIsRefusedByTheImporter) {
+  gpumem::pool_resource pool{std::make_shared<gpumem::cuda_resource>(0)};
+  gpumem::stream s{0};
+  void* first = pool.allocate(4096, s);
+  void* p = pool.allocate(70001, s);  // inside the pool's chunk: offset > 0
+  s.synchronize();
+  write_pattern(p, 70001);
+  const gpumem::ipc_handle good = gpumem::export_allocation(pool, p, 70001);
+  const std::vector<std::byte> bytes = good.serialize();
+  std::uint64_t size = 0, offset = 0;
+  std::memcpy(&size, bytes.data() + 24, sizeof size);
+  std::memcpy(&offset, bytes.data() + 32, sizeof offset);
+  ASSERT_EQ(size, 70001u) << "the layout this test forges";
+  ASSERT_EQ(offset, good.offset());
+  for (auto [at, value] : {std::pair{std::size_t{24}, std::uint64_t{1} << 62},
+                           std::pair{std::size_t{32}, std::uint64_t{1} << 40},
+                           std::pair{std::size_t{32}, offset + (std::uint64_t{1} << 30)}}) {
+    const gpumem::ipc_handle forged = gpumem::ipc_handle::deserialize(forge(bytes, at, value));
+    const child_report report = run_child("expect-error", forged);
+    if (report.text.rfind("skip: ", 0) == 0) GTEST_SKIP() << report.text;
+    EXPECT_EQ(report.text.rfind("ok typed: ", 0), 0u) << at << ": " << report.text;
+    EXPECT_NE(report.text.find("forged or damaged"), std::string::npos) << at << ": " << report.text;
+  }
+  // The genuine handle still opens.
+  const child_report ok = run_child("channel", good);
+  EXPECT_EQ(ok.text, "ok");
+  pool.deallocate(p, 70001, s);
+  pool.deallocate(first, 4096, s);
+  s.synchronize();
+}
+
 template <class F>
 void expect_not_exportable(F&& f, const char* hint) {
   try {
