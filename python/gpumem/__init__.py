@@ -38,6 +38,12 @@ from gpumem._core import (
 )
 from gpumem import _core
 
+# The simulator's controls are a submodule of the extension: registered so that
+# `import gpumem.sim` and `from gpumem.sim import ...` work as the docs write them.
+import sys as _sys
+
+_sys.modules[__name__ + ".sim"] = sim
+
 # Devices whose current resource was chosen through set_current_resource (not the
 # default gpumem makes). gpumem.numba's reset() replaces only a default resource.
 _chosen_by_caller = set()

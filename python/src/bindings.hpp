@@ -26,6 +26,11 @@ struct stream_arg {
 // Converts a Python stream argument; TypeError for anything else.
 stream_arg to_stream(nb::handle obj);
 
+// A byte count from Python: an int (or anything with __index__, as numpy's
+// integers), not a bool, a str or a float (TypeError naming `where`); negative
+// or past 2^64 - 1: gpumem.LogicError.
+std::size_t to_size(nb::handle obj, const char* where);
+
 // The value the __cuda_array_interface__ and DLPack protocols use for a stream:
 // 1 for the legacy default stream, 2 for the per-thread default stream, else the handle.
 std::uintptr_t protocol_stream_value(CUstream handle) noexcept;

@@ -73,8 +73,9 @@ struct device_buffer {
   }
 };
 
-void construct(device_buffer* self, std::size_t size, nb::handle stream, std::optional<int> device,
+void construct(device_buffer* self, nb::handle size_arg, nb::handle stream, std::optional<int> device,
                resource_ptr resource) {
+  const std::size_t size = to_size(size_arg, "gpumem.DeviceBuffer");
   stream_arg s = to_stream(stream);
   int dev = 0;
   if (resource) {
@@ -231,16 +232,33 @@ void order_for_consumer(const device_buffer& b, nb::handle stream) {
   stream_view(consumer).wait(e);
 }
 
+// A (int, int) argument of __dlpack__, or TypeError naming it (nanobind's own
+// cast error reads "std::bad_cast").
+std::pair<int, int> int_pair(nb::handle h, const char* name) {
+  try {
+    return nb::cast<std::pair<int, int>>(h);
+  } catch (const nb::cast_error&) {
+    throw nb::type_error((std::string("gpumem.DeviceBuffer.__dlpack__: ") + name +
+                          " must be a tuple of two ints, not " + nb::repr(h).c_str())
+                             .c_str());
+  }
+}
+
 nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb::handle dl_device,
                      nb::handle copy_arg) {
   device_buffer& b = nb::cast<device_buffer&>(self);
   b.check_open("__dlpack__");
-  if (!copy_arg.is_none() && nb::cast<bool>(copy_arg)) {
+  if (!copy_arg.is_none() && !PyBool_Check(copy_arg.ptr())) {
+    throw nb::type_error((std::string("gpumem.DeviceBuffer.__dlpack__: copy must be None or a bool, not ") +
+                          nb::repr(copy_arg).c_str())
+                             .c_str());
+  }
+  if (copy_arg.ptr() == Py_True) {
     PyErr_SetString(PyExc_BufferError, "gpumem.DeviceBuffer.__dlpack__: copy=True is not supported");
     throw nb::python_error();
   }
   if (!dl_device.is_none()) {
-    auto want = nb::cast<std::pair<int, int>>(dl_device);
+    const auto want = int_pair(dl_device, "dl_device");
     if (want.first != dlpack::kDLCUDA || want.second != b.device) {
       PyErr_SetString(PyExc_BufferError,
                       "gpumem.DeviceBuffer.__dlpack__: the buffer lives on its CUDA device; "
@@ -251,7 +269,7 @@ nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version,
   order_for_consumer(b, stream);
   bool versioned = false;
   if (!max_version.is_none()) {
-    auto v = nb::cast<std::pair<int, int>>(max_version);
+    const auto v = int_pair(max_version, "max_version");
     versioned = v.first >= 1;
   }
 
@@ -298,7 +316,7 @@ void bind_device_buffer(nb::module_& m) {
       "Untyped device memory from a gpumem resource (the device's current resource unless one is "
       "given), allocated on `stream` and freed on it when the object goes or close() is called. "
       "DeviceBuffer(0) allocates nothing and has ptr 0.")
-      .def("__init__", &construct, nb::arg("size"), nb::arg("stream").none() = nb::none(), nb::kw_only(),
+      .def("__init__", &construct, nb::arg("size").none(), nb::arg("stream").none() = nb::none(), nb::kw_only(),
            nb::arg("device") = nb::none(), nb::arg("resource").none() = nb::none())
       .def_static(
           "from_host",

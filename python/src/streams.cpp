@@ -19,6 +19,7 @@
 #include "bindings.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
 
 namespace gpumem::python {
@@ -32,6 +33,29 @@ CUstream from_int(nb::handle obj) {
 }
 
 }  // namespace
+
+std::size_t to_size(nb::handle obj, const char* where) {
+  if (PyBool_Check(obj.ptr()) || PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || PyFloat_Check(obj.ptr())) {
+    throw nb::type_error((std::string(where) + ": the size must be an int, not " + Py_TYPE(obj.ptr())->tp_name).c_str());
+  }
+  nb::object index = nb::steal(PyNumber_Index(obj.ptr()));
+  if (!index.is_valid()) {
+    PyErr_Clear();
+    throw nb::type_error((std::string(where) + ": the size must be an int, not " + Py_TYPE(obj.ptr())->tp_name).c_str());
+  }
+  int overflow = 0;
+  const long long small = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow < 0 || (overflow == 0 && small < 0)) {
+    throw logic_error(std::string(where) + ": the size must be >= 0, not " + nb::str(index).c_str());
+  }
+  if (overflow == 0) return static_cast<std::size_t>(small);
+  const unsigned long long big = PyLong_AsUnsignedLongLong(index.ptr());
+  if (big == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw logic_error(std::string(where) + ": the size " + nb::str(index).c_str() + " is past 2^64 - 1");
+  }
+  return static_cast<std::size_t>(big);
+}
 
 stream_arg to_stream(nb::handle obj) {
   if (obj.is_none()) return {};

@@ -70,13 +70,22 @@ const driver_api* driver_if_selected() noexcept { return selected.load(std::memo
 
 backend_kind select(backend_choice choice) {
   std::lock_guard lock(selection_mutex);
-  const driver_api& wanted = resolve(choice);
   const driver_api* current = selected.load(std::memory_order_acquire);
-  if (current != nullptr && current != &wanted) {
-    throw logic_error(std::string("gpumem::select_backend: backend '") +
-                      std::string(to_string(current->kind)) +
-                      "' is already in use; select the backend before gpumem is first used");
+  auto already_in_use = [&] {
+    return logic_error(std::string("gpumem::select_backend: backend '") + std::string(to_string(current->kind)) +
+                       "' is already in use; select the backend before gpumem is first used");
+  };
+  const driver_api* resolved = nullptr;
+  try {
+    resolved = &resolve(choice);
+  } catch (const driver_unavailable&) {
+    // Asking for cuda where it cannot load, once the simulator is in use, is the
+    // same mistake as any other change of backend: say that.
+    if (current != nullptr) throw already_in_use();
+    throw;
   }
+  const driver_api& wanted = *resolved;
+  if (current != nullptr && current != &wanted) throw already_in_use();
   selected.store(&wanted, std::memory_order_release);
   return wanted.kind;
 }

@@ -169,9 +169,22 @@ def test_zero_size_allocates_nothing(fresh_pool):
     b.close()
 
 
-def test_negative_size_is_rejected():
-    with pytest.raises(TypeError):
+def test_sizes_that_are_not_byte_counts_are_refused_saying_why():
+    with pytest.raises(gpumem.LogicError, match="the size must be >= 0, not -1"):
         gpumem.DeviceBuffer(-1)
+    with pytest.raises(gpumem.LogicError, match="past 2\\^64 - 1"):
+        gpumem.DeviceBuffer(1 << 64)
+    for bad in ("10", b"10", 10.0, True, None):
+        with pytest.raises(TypeError, match="the size must be an int, not"):
+            gpumem.DeviceBuffer(bad)
+
+
+def test_sizes_with_index_are_taken():
+    class Count:
+        def __index__(self):
+            return 4096
+
+    assert gpumem.DeviceBuffer(Count()).size == 4096
 
 
 # ---- __cuda_array_interface__ -------------------------------------------------
@@ -291,6 +304,16 @@ def test_dlpack_refuses_copies_and_other_devices():
     with pytest.raises(BufferError, match="another device"):
         b.__dlpack__(dl_device=(1, 0))
     assert _get_pointer(b.__dlpack__(dl_device=(2, 0), copy=False), b"dltensor")
+
+
+def test_dlpack_arguments_of_the_wrong_type_say_which():
+    b = gpumem.DeviceBuffer(64)
+    with pytest.raises(TypeError, match="max_version must be a tuple of two ints, not 'x'"):
+        b.__dlpack__(max_version="x")
+    with pytest.raises(TypeError, match="dl_device must be a tuple of two ints"):
+        b.__dlpack__(dl_device="cuda")
+    with pytest.raises(TypeError, match="copy must be None or a bool"):
+        b.__dlpack__(copy="yes")
 
 
 def test_repr():

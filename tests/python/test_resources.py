@@ -93,7 +93,7 @@ def test_pool_maximum_is_out_of_memory():
 def test_bad_pool_options_are_logic_errors():
     with pytest.raises(gpumem.LogicError, match="fence_interval"):
         gpumem.PoolResource(device=0, fence_interval=0)
-    with pytest.raises(gpumem.LogicError, match="initial_bytes exceeds maximum_bytes"):
+    with pytest.raises(gpumem.LogicError, match="initial_bytes 8388608 exceeds maximum_bytes 4194304"):
         gpumem.PoolResource(device=0, initial_bytes=8 << 20, maximum_bytes=4 << 20)
 
 
@@ -214,3 +214,13 @@ def test_bad_vmm_pool_options_are_logic_errors():
         gpumem.VmmPoolResource(0, page_bytes=3 << 20)
     with pytest.raises(gpumem.LogicError, match="maximum_bytes"):
         gpumem.VmmPoolResource(0, maximum_bytes=1 << 20)
+
+
+def test_the_simulator_controls_import_as_a_module():
+    import importlib
+
+    import gpumem.sim
+    from gpumem.sim import injected_failures
+
+    assert importlib.import_module("gpumem.sim") is gpumem.sim
+    assert callable(injected_failures)
