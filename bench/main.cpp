@@ -7,6 +7,7 @@
 // a result, reported as failed); 1 a workload errored unexpectedly or the
 // device could not be used; 2 bad arguments.
 #include <cuda.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -55,7 +56,8 @@ void print_help(std::ostream& out) {
          "workload: each cell is the median over the repetitions and, in parentheses, its\n"
          "ratio to the best peer in that column, taken so that below 1 is better than the\n"
          "best peer in every column (inverted where higher is better, as ops/s). Progress\n"
-         "goes to stderr, a line per row; a verdict closes the run.\n"
+         "goes to stderr (a line per row on a terminal, per workload otherwise); a verdict\n"
+         "closes the run.\n"
          "\n"
          "options:\n"
          "  --workloads LIST   comma-separated ids or names to run (default: all), e.g. W1,W3\n"
@@ -362,16 +364,23 @@ int run(int argc, char** argv) {
                opts.time_limit_seconds;
   };
   std::size_t cells_done = 0;
+  const bool progress_per_row = ::isatty(STDERR_FILENO) != 0;
   const std::size_t cells_total = workloads.size() * subjects.size();
   for (const workload* w : workloads) {
     workload_result res;
     res.w = w;
     res.columns = w->columns(opts);
     for (const subject* s : subjects) {
-      // Progress on stderr (the tables go to stdout): a line per row of every workload.
-      const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-      std::cerr << "gpumem-bench: [" << ++cells_done << "/" << cells_total << ", " << static_cast<long long>(so_far)
-                << " s] " << w->id() << " " << w->name() << ": " << s->name << "\n";
+      // Progress on stderr (the tables go to stdout): a line per row on a terminal,
+      // a line per workload in a log.
+      ++cells_done;
+      if (progress_per_row || s == subjects.front()) {
+        const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+        std::cerr << "gpumem-bench: [" << cells_done << "/" << cells_total << ", " << static_cast<long long>(so_far)
+                  << " s] " << w->id() << " " << w->name();
+        if (progress_per_row) std::cerr << ": " << s->name;
+        std::cerr << "\n";
+      }
       auto error_cell = [](std::string message) {
         cell c;
         c.status = cell_status::error;
