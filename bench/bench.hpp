@@ -1,5 +1,5 @@
 // gpumem-bench's vocabulary: subjects (the rows: gpumem resources and peers),
-// workloads (the tables: W1..W8 of docs/benchmarks-method.md), columns (a
+// workloads (the tables: W1..W9 of docs/benchmarks-method.md), columns (a
 // workload's variants) and cells (one subject measured on one column).
 #pragma once
 
@@ -42,6 +42,9 @@ inline constexpr std::string_view pool_subject_name = "gpumem pool_resource";
 inline constexpr std::string_view malloc_subject_name = "malloc (host reference)";
 // W6 grows a growable_buffer in this row (the virtual-memory row).
 inline constexpr std::string_view vmm_pool_subject_name = "gpumem vmm_pool_resource";
+// W9 measures peer access in these rows (and the default and vmm_pool_resource rows).
+inline constexpr std::string_view async_subject_name = "gpumem async_resource";
+inline constexpr std::string_view cumemalloc_subject_name = "cuMemAlloc";
 
 // ---- options ----------------------------------------------------------------
 
@@ -134,6 +137,9 @@ class workload {
   // One cell per column, for one subject. Expected failures (out of memory,
   // cuda_error) come back as failed cells; the workload never lets them escape.
   virtual std::vector<cell> measure(const subject& s, const context& ctx) const = 0;
+  // Whether the workload has a row for `s` at all (W9: only the rows that can
+  // grant another device access); rows it has none for are left out of its table.
+  virtual bool has_row_for(const subject& s) const;
   // How a figure comes from the repetitions, for the table's footer; by
   // default "median of N repetitions after a warm-up (host steady_clock)".
   virtual std::string method(const options& opts) const;

@@ -43,6 +43,8 @@ std::string workload::method(const options& opts) const {
          " after a warm-up (host steady_clock)";
 }
 
+bool workload::has_row_for(const subject&) const { return true; }
+
 std::vector<std::string> workload::notes(const workload_result&) const { return {}; }
 
 std::vector<chart> workload::charts(const workload_result&, const std::string&) const { return {}; }

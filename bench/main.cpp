@@ -365,16 +365,21 @@ int run(int argc, char** argv) {
   };
   std::size_t cells_done = 0;
   const bool progress_per_row = ::isatty(STDERR_FILENO) != 0;
-  const std::size_t cells_total = workloads.size() * subjects.size();
+  std::size_t cells_total = 0;
+  for (const workload* w : workloads) {
+    cells_total += static_cast<std::size_t>(std::count_if(subjects.begin(), subjects.end(),
+                                                          [&](const subject* s) { return w->has_row_for(*s); }));
+  }
   for (const workload* w : workloads) {
     workload_result res;
     res.w = w;
     res.columns = w->columns(opts);
     for (const subject* s : subjects) {
+      if (!w->has_row_for(*s)) continue;
       // Progress on stderr (the tables go to stdout): a line per row on a terminal,
       // a line per workload in a log.
       ++cells_done;
-      if (progress_per_row || s == subjects.front()) {
+      if (progress_per_row || res.rows.empty()) {
         const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
         std::cerr << "gpumem-bench: [" << cells_done << "/" << cells_total << ", " << static_cast<long long>(so_far)
                   << " s] " << w->id() << " " << w->name();

@@ -69,10 +69,10 @@ constexpr subject subjects[] = {
     {"gpumem pool_resource (capture watch)", subject_kind::gpumem, &pool_watching_captures},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
-    {"gpumem async_resource", subject_kind::gpumem, &on_device<async_resource>},
+    {async_subject_name, subject_kind::gpumem, &on_device<async_resource>},
     {"gpumem managed_resource", subject_kind::gpumem, &on_device<managed_resource>},
     {"gpumem pinned_host_resource", subject_kind::gpumem, &pinned_host},
-    {"cuMemAlloc", subject_kind::peer, &peers::make_raw_cumemalloc},
+    {cumemalloc_subject_name, subject_kind::peer, &peers::make_raw_cumemalloc},
     {"cuMemAllocAsync", subject_kind::peer, &peers::make_raw_cumemallocasync},
     // Peers from plugins (peers/plugin_peers.hpp): present where their plugin was built.
     peers::plugin_subject<plugin::rmm_library, plugin::rmm_pool>(),

@@ -130,6 +130,9 @@ async_resource::async_resource(int device, async_options options) : state_(std::
     set_release_threshold(options.release_threshold_bytes);
     set_reuse_policy(options.reuse);
     if (options.initial_bytes > 0) prime(s.pool, s.device, options.initial_bytes);
+    if (options.access_for_every_peer) {
+      for (int peer : peers_of(s.device)) set_access(peer, pool_access::read_write);
+    }
   } catch (...) {
     (void)detail::driver().cuMemPoolDestroy(s.pool);
     throw;

@@ -44,6 +44,19 @@ std::string device_name(int device) {
   return std::string(name.data());
 }
 
+std::vector<int> peers_of(int device) {
+  detail::validate_device(device, "gpumem::peers_of");
+  std::vector<int> out;
+  const int n = device_count();
+  for (int other = 0; other < n; ++other) {
+    if (other == device) continue;
+    int can = 0;
+    GPUMEM_CU(cuDeviceCanAccessPeer, &can, other, device);
+    if (can != 0) out.push_back(other);
+  }
+  return out;
+}
+
 int driver_version() {
   int v = 0;
   GPUMEM_CU(cuDriverGetVersion, &v);

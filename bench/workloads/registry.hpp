@@ -1,4 +1,4 @@
-// The workloads of gpumem-bench, one file each under workloads/ (W1..W8 of
+// The workloads of gpumem-bench, one file each under workloads/ (W1..W9 of
 // docs/benchmarks-method.md). A new workload declares its accessor here and is listed in
 // registry.cpp.
 #pragma once
@@ -14,5 +14,6 @@ const workload& w4_fragmentation();
 const workload& w5_replay();
 const workload& w6_grow();
 const workload& w8_free_sync();
+const workload& w9_peer();
 
 }  // namespace gpumem::bench

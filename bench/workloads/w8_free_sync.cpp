@@ -12,8 +12,7 @@
 // when it ends). Columns: kernels/s with the allocator / kernels/s alone (1 = no
 // interference), the allocator's ops/s, and the baseline's kernels/s.
 //
-// The kernel is PTX embedded below, loaded with cuModuleLoadData (the driver's
-// JIT compiles it for the device), so that gpumem-bench links no CUDA library.
+// The kernel is PTX embedded below (kernels.hpp says why).
 // The simulator runs no kernels: there every cell is skipped.
 #include <algorithm>
 #include <atomic>
@@ -31,6 +30,7 @@
 #include "gpumem/backend.hpp"
 #include "gpumem/device.hpp"
 #include "harness.hpp"
+#include "kernels.hpp"
 #include "plot.hpp"
 #include "report.hpp"
 #include "workloads/random_ops.hpp"
@@ -78,28 +78,11 @@ using clock_type = std::chrono::steady_clock;
 // The spin kernel, loaded into the device's primary context.
 class spin_kernel {
  public:
-  explicit spin_kernel(int device) : device_(device) {
-    detail::device_context_guard guard(device);
-    GPUMEM_CU(cuModuleLoadData, &module_, spin_ptx);
-    try {
-      GPUMEM_CU(cuModuleGetFunction, &function_, module_, kernel_name);
-      int khz = 0;
-      GPUMEM_CU(cuDeviceGetAttribute, &khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, device);
-      cycles_ = static_cast<std::uint64_t>(std::max(khz, 1)) * static_cast<std::uint64_t>(spin_us) / 1000;
-    } catch (...) {
-      (void)detail::driver().cuModuleUnload(module_);  // already failing: the first error is reported
-      throw;
-    }
+  explicit spin_kernel(int device) : module_(device, spin_ptx), function_(module_.function(kernel_name)) {
+    int khz = 0;
+    GPUMEM_CU(cuDeviceGetAttribute, &khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, device);
+    cycles_ = static_cast<std::uint64_t>(std::max(khz, 1)) * static_cast<std::uint64_t>(spin_us) / 1000;
   }
-  ~spin_kernel() {
-    detail::device_context_guard guard(device_);
-    if (const CUresult r = detail::driver().cuModuleUnload(module_); r != CUDA_SUCCESS) {
-      std::fprintf(stderr, "gpumem-bench: W8: cuModuleUnload failed: %s\n",
-                   std::string(detail::error_name(r)).c_str());
-    }
-  }
-  spin_kernel(const spin_kernel&) = delete;
-  spin_kernel& operator=(const spin_kernel&) = delete;
 
   // The calling thread must have the device's context current.
   void launch(CUstream s) const {
@@ -109,34 +92,21 @@ class spin_kernel {
   }
   std::uint64_t cycles() const { return cycles_; }
 
-  // Microseconds one kernel takes on `s` on its own (cuEventElapsedTime over 16
-  // back to back, after one untimed).
+  // Microseconds one kernel takes on `s` on its own (event time over 16 back to
+  // back, after one untimed).
   double measured_us(CUstream s) const {
-    detail::device_context_guard guard(device_);
-    CUevent start = nullptr, stop = nullptr;
-    GPUMEM_CU(cuEventCreate, &start, CU_EVENT_DEFAULT);
-    struct destroy {
-      CUevent& e;
-      ~destroy() {
-        if (e != nullptr) (void)detail::driver().cuEventDestroy(e);
-      }
-    } d1{start}, d2{stop};
-    GPUMEM_CU(cuEventCreate, &stop, CU_EVENT_DEFAULT);
+    detail::device_context_guard guard(module_.device());
     launch(s);
-    GPUMEM_CU(cuEventRecord, start, s);
     constexpr int n = 16;
-    for (int i = 0; i < n; ++i) launch(s);
-    GPUMEM_CU(cuEventRecord, stop, s);
-    GPUMEM_CU(cuEventSynchronize, stop);
-    float ms = 0;
-    GPUMEM_CU(cuEventElapsedTime, &ms, start, stop);
-    return static_cast<double>(ms) * 1000.0 / n;
+    const double ms = elapsed_ms(module_.device(), s, [&] {
+      for (int i = 0; i < n; ++i) launch(s);
+    });
+    return ms * 1000.0 / n;
   }
 
  private:
-  int device_;
-  CUmodule module_ = nullptr;
-  CUfunction function_ = nullptr;
+  ptx_module module_;
+  CUfunction function_;
   std::uint64_t cycles_ = 0;
 };
 

@@ -51,6 +51,11 @@ struct async_options {
   std::size_t maximum_bytes = 0;
   async_reuse_policy reuse{};
   async_ipc_handle ipc = async_ipc_handle::none;
+  // Read/write access for every other device that can reach this one's memory
+  // (gpumem::peers_of; set_access for each), as cudaMalloc memory is once peer
+  // access is enabled: frameworks copy between devices without asking the
+  // allocator. false: the owner alone until set_access says otherwise.
+  bool access_for_every_peer = true;
 };
 
 // Which existing pool to wrap.

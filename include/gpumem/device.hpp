@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "gpumem/export.hpp"
 
@@ -20,6 +21,9 @@ GPUMEM_EXPORT int current_device();
 GPUMEM_EXPORT void set_current_device(int device);
 GPUMEM_EXPORT memory_info device_memory_info(int device);
 GPUMEM_EXPORT std::string device_name(int device);
+// The other devices whose work can reach `device`'s memory (cuDeviceCanAccessPeer:
+// NVLink or PCIe peer access), in ordinal order; empty on a machine of one GPU.
+GPUMEM_EXPORT std::vector<int> peers_of(int device);
 // Version of the CUDA driver (e.g. 13000), or the simulator's.
 GPUMEM_EXPORT int driver_version();
 

@@ -53,6 +53,13 @@ struct vmm_pool_options {
   std::size_t release_threshold_bytes = std::numeric_limits<std::size_t>::max();
   // Devices besides the owner that get read/write access to the whole pool.
   std::vector<int> peer_devices;
+  // Also every other device that can reach the owner's memory (gpumem::peers_of),
+  // as cudaMalloc memory is once peer access is enabled: frameworks copy between
+  // devices without asking the allocator (PyTorch's .to("cuda:1"), CuPy's asarray
+  // under another device), and such a copy of memory not mapped for the device
+  // that runs it fails. Each mapping then carries one access descriptor per
+  // device; false maps for the owner and peer_devices only.
+  bool access_for_every_peer = true;
   // Pages made exportable to other processes as POSIX file descriptors (IPC:
   // gpumem::export_allocation). On by default, so that the default resource's
   // memory can be shared like any other kind; false makes private pages.

@@ -222,7 +222,7 @@ void bind_resources(nb::module_& m) {
           [](vmm_pool_resource* self, std::optional<int> device, std::size_t page_bytes,
              std::size_t maximum_bytes, std::size_t segment_bytes,
              std::optional<std::size_t> release_threshold_bytes, std::vector<int> peer_devices,
-             bool posix_fd_shareable, bool reuse_across_streams, bool quick_cache,
+             bool access_for_every_peer, bool posix_fd_shareable, bool reuse_across_streams, bool quick_cache,
              std::optional<unsigned> fence_interval, bool watch_captures) {
             vmm_pool_options o;
             o.page_bytes = page_bytes;
@@ -230,6 +230,7 @@ void bind_resources(nb::module_& m) {
             o.segment_bytes = segment_bytes;
             if (release_threshold_bytes) o.release_threshold_bytes = *release_threshold_bytes;
             o.peer_devices = std::move(peer_devices);
+            o.access_for_every_peer = access_for_every_peer;
             o.posix_fd_shareable = posix_fd_shareable;
             o.reuse_across_streams = reuse_across_streams;
             o.quick_cache = quick_cache;
@@ -244,6 +245,7 @@ void bind_resources(nb::module_& m) {
           nb::arg("segment_bytes") = vmm_defaults.segment_bytes,
           nb::arg("release_threshold_bytes").none() = nb::none(),
           nb::arg("peer_devices") = std::vector<int>{},
+          nb::arg("access_for_every_peer") = vmm_defaults.access_for_every_peer,
           nb::arg("posix_fd_shareable") = vmm_defaults.posix_fd_shareable,
           nb::arg("reuse_across_streams") = vmm_defaults.reuse_across_streams,
           nb::arg("quick_cache") = vmm_defaults.quick_cache,

@@ -5,6 +5,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
 #include "gpumem/backend.hpp"
@@ -53,6 +54,8 @@ void bind_system(nb::module_& m) {
       },
       nb::arg("device"), "(free, total) bytes as the driver reports them.");
   m.def("device_name", &device_name, nb::arg("device"));
+  m.def("peers_of", &peers_of, nb::arg("device"),
+        "The other devices whose work can reach the device's memory (peer access), in ordinal order.");
   m.def("driver_version", &driver_version, "CUDA version of the driver, e.g. 13000.");
 
   nb::module_ sim = m.def_submodule("sim", "Controls of the host simulator (GPUMEM_BACKEND=sim).");

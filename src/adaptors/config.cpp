@@ -50,7 +50,7 @@ constexpr unsigned bit(base_id b) { return 1U << static_cast<unsigned>(b); }
 constexpr unsigned any_base = bit(base_id::cuda) | bit(base_id::pool) | bit(base_id::async) |
                               bit(base_id::managed) | bit(base_id::vmm);
 
-enum class value_kind { none, size, path, stacks_or_none };
+enum class value_kind { none, size, path, stacks_or_none, all_or_none };
 
 struct option_kind {
   std::string_view name;
@@ -67,6 +67,8 @@ constexpr option_kind options[] = {
     {"max_chunk", value_kind::size, bit(base_id::pool), "largest upstream request of the pool"},
     {"release_threshold", value_kind::size, bit(base_id::async) | bit(base_id::vmm),
      "free memory the pool keeps; above it, memory goes back to the device"},
+    {"peers", value_kind::all_or_none, bit(base_id::async) | bit(base_id::vmm),
+     "other devices that may use the pool's memory: all that can reach it (the default) or none"},
     {"limit", value_kind::size, any_base, "hard cap on live bytes (limiting_adaptor)"},
     {"defer", value_kind::none, any_base, "deferred frees (deferred_free_adaptor)"},
     {"track", value_kind::stacks_or_none, any_base, "tracking_adaptor; track=stacks records stacks"},
@@ -86,6 +88,7 @@ struct parsed {
   const base_kind* base = nullptr;
   std::optional<size_spec> initial, maximum, min_chunk, max_chunk, release_threshold, limit;
   bool defer = false, stats = false, track = false, track_stacks = false, sites = false;
+  std::optional<bool> every_peer;  // peers=all / peers=none
   std::optional<std::string> log;
 };
 
@@ -237,6 +240,12 @@ parsed parse(std::string_view conf) {
         if (!value || value->empty()) fail(conf, "option \"" + name + "\" needs a path: log=/tmp/gpumem-%p.csv");
         p.log = std::string(*value);
         break;
+      case value_kind::all_or_none: {
+        const std::string v = value ? lower(*value) : std::string();
+        if (v != "all" && v != "none") fail(conf, "\"" + std::string(token) + "\": peers takes \"all\" or \"none\"");
+        p.every_peer = v == "all";
+        break;
+      }
       case value_kind::stacks_or_none:
         if (value && lower(*value) != "stacks") {
           fail(conf, "\"" + std::string(token) + "\": track takes no value or \"stacks\"");
@@ -311,6 +320,7 @@ std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf
         if (p.initial) o.initial_bytes = resolve(*p.initial, total);
         if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
         if (p.release_threshold) o.release_threshold_bytes = resolve(*p.release_threshold, total);
+        if (p.every_peer) o.access_for_every_peer = *p.every_peer;
         r = std::make_shared<async_resource>(d, o);
         break;
       }
@@ -319,6 +329,7 @@ std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf
         vmm_pool_options o;
         if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
         if (p.release_threshold) o.release_threshold_bytes = resolve(*p.release_threshold, total);
+        if (p.every_peer) o.access_for_every_peer = *p.every_peer;
         r = std::make_shared<vmm_pool_resource>(d, std::move(o));
         break;
       }

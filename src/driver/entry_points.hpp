@@ -86,6 +86,11 @@
 //  cuDeviceGetUuid             valid ordinal                       => the device's identity across processes
 //  cuDeviceCanAccessPeer       two valid ordinals                  => 1 if the first can access the second's
 //                              memory (peer access over NVLink or PCIe), else 0; 0 for one device and itself
+//  cuCtxEnablePeerAccess/DisablePeerAccess  ctx, another device's primary ctx, flags 0 => every
+//                              cuMemAlloc allocation of that ctx reachable from this ctx's kernels (or no
+//                              longer); _ALREADY_ENABLED / _NOT_ENABLED when it already is / is not. Only
+//                              gpumem-bench's W9 calls them: gpumem grants access per allocation
+//                              (cuMemSetAccess, cuMemPoolSetAccess), never for a whole context.
 //  cuIpcGetMemHandle           ctx, base of a cuMemAlloc allocation => a handle naming the whole allocation
 //  cuIpcOpenMemHandle          ctx, a handle of another process    => its base mapped here; the same
 //                              handle twice in one process, or in the exporter: an error
@@ -185,6 +190,8 @@
   X(cuMemImportFromShareableHandle, 10020)  \
   X(cuDeviceGetUuid, 11040)                 \
   X(cuDeviceCanAccessPeer, 4000)            \
+  X(cuCtxEnablePeerAccess, 4000)            \
+  X(cuCtxDisablePeerAccess, 4000)           \
   X(cuIpcGetMemHandle, 4010)                \
   X(cuIpcOpenMemHandle, 11000)              \
   X(cuIpcCloseMemHandle, 4010)              \

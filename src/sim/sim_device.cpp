@@ -275,4 +275,46 @@ CUresult ctx_synchronize() {
   });
 }
 
+// cuCtxEnablePeerAccess / cuCtxDisablePeerAccess: the checks the driver makes, in its order.
+namespace {
+
+CUresult change_peer_access(sim_state& state, CUcontext peer, unsigned flags, bool enable) {
+  sim_context* context = nullptr;
+  if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  sim_context* other = state.find_context(peer);
+  if (other == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (other->device() == context->device()) return CUDA_ERROR_INVALID_DEVICE;
+  if (enable) {
+    if (!state.peer_access.load(std::memory_order_relaxed)) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    return context->enable_peer(other->device()) ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  }
+  return context->disable_peer(other->device()) ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+}
+
+}  // namespace
+
+bool sim_context::enable_peer(int device) {
+  std::lock_guard lock(peers_mutex_);
+  if (std::find(peers_.begin(), peers_.end(), device) != peers_.end()) return false;
+  peers_.push_back(device);
+  return true;
+}
+
+bool sim_context::disable_peer(int device) {
+  std::lock_guard lock(peers_mutex_);
+  auto it = std::find(peers_.begin(), peers_.end(), device);
+  if (it == peers_.end()) return false;
+  peers_.erase(it);
+  return true;
+}
+
+CUresult ctx_enable_peer_access(CUcontext peer, unsigned flags) {
+  return entry_point([&](sim_state& state) { return change_peer_access(state, peer, flags, true); });
+}
+
+CUresult ctx_disable_peer_access(CUcontext peer) {
+  return entry_point([&](sim_state& state) { return change_peer_access(state, peer, 0, false); });
+}
+
 }  // namespace gpumem::detail::simulator

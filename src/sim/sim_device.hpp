@@ -44,12 +44,20 @@ class sim_context {
   // Waits for all work queued so far on every stream of the context.
   void synchronize();
 
+  // cuCtxEnablePeerAccess / cuCtxDisablePeerAccess towards `device`'s context:
+  // false when it already was enabled / was not. Recorded only: the simulator's
+  // device work is host code, which reaches every device's memory.
+  bool enable_peer(int device);
+  bool disable_peer(int device);
+
  private:
   const int device_;
   std::atomic<std::uint64_t> retain_count_{0};
   mutable std::mutex streams_mutex_;
   std::shared_ptr<sim_stream> legacy_;
   std::vector<std::shared_ptr<sim_stream>> streams_;
+  std::mutex peers_mutex_;
+  std::vector<int> peers_;  // devices whose context this one has peer access to
 };
 
 struct sim_device {

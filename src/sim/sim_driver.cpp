@@ -101,6 +101,8 @@ driver_api build_sim_driver_table() {
   table.cuMemImportFromShareableHandle = &mem_import_from_shareable_handle;
   table.cuDeviceGetUuid = &device_get_uuid;
   table.cuDeviceCanAccessPeer = &device_can_access_peer;
+  table.cuCtxEnablePeerAccess = &ctx_enable_peer_access;
+  table.cuCtxDisablePeerAccess = &ctx_disable_peer_access;
   table.cuIpcGetMemHandle = &ipc_get_mem_handle;
   table.cuIpcOpenMemHandle = &ipc_open_mem_handle;
   table.cuIpcCloseMemHandle = &ipc_close_mem_handle;

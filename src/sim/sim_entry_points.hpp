@@ -19,6 +19,8 @@ CUresult device_total_mem(std::size_t* bytes, CUdevice device);
 CUresult device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
 CUresult device_get_uuid(CUuuid* uuid, CUdevice device);
 CUresult device_can_access_peer(int* can_access, CUdevice device, CUdevice peer);
+CUresult ctx_enable_peer_access(CUcontext peer, unsigned flags);
+CUresult ctx_disable_peer_access(CUcontext peer);
 CUresult device_primary_ctx_retain(CUcontext* context, CUdevice device);
 CUresult ctx_get_current(CUcontext* context);
 CUresult ctx_set_current(CUcontext context);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstdio>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -169,6 +170,32 @@ void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
   c.pages[i] = 0;
 }
 
+// Note [Peers' access when the device is full]
+// Giving another device access to a mapping takes the driver memory of its own
+// (the peer's page tables), which a device filled to its last page may not have:
+// cuMemSetAccess then fails with CUDA_ERROR_OUT_OF_MEMORY although the pages are
+// mapped. Undoing the mapping would throw away pages moved from elsewhere, so
+// when the devices that failed are only the ones access_for_every_peer added,
+// the run keeps the owner's (and the named peers') access, and the pool says once
+// on stderr that some of its memory cannot be reached from the other devices.
+// The owner's allocation succeeds, which is what it asked for; a copy of that
+// memory by another device's work fails with a CUDA error, as it would for
+// memory of a pool made with access_for_every_peer off.
+void vmm_pool_resource::impl::set_access(std::uintptr_t at, std::size_t bytes) {
+  try {
+    vm::set_access(pool.device, at, bytes, access_devices);
+  } catch (const cuda_error& e) {
+    if (e.result() != CUDA_ERROR_OUT_OF_MEMORY || !every_peer_added) throw;
+    vm::set_access(pool.device, at, bytes, opt.peer_devices);
+    if (!warned_peerless.exchange(true)) {
+      std::fprintf(stderr,
+                   "gpumem: vmm_pool_resource on device %d: the device is full; memory mapped from now on may "
+                   "lack access from the other devices (%s); copies of it by their work fail\n",
+                   pool.device, e.what());
+    }
+  }
+}
+
 void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
                                         const std::vector<std::uint64_t>& handles, std::size_t from, std::size_t n) {
   const std::uintptr_t at = c.base + first * page;
@@ -176,7 +203,7 @@ void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
   const auto started = std::chrono::steady_clock::now();
   try {
     for (; mapped < n; ++mapped) vm::map(pool.device, at + mapped * page, page, handles[from + mapped]);
-    vm::set_access(pool.device, at, n * page, opt.peer_devices);
+    set_access(at, n * page);
     note_map_time(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count(), n);
   } catch (...) {
     // A driver failure, not a shortage: undo, and give these handles back.

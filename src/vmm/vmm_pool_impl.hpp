@@ -121,10 +121,17 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // there becomes an alias (growth mutex and s's lock held).
   void take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out);
   void unmap_alias(chunk& c, std::size_t i);
+  // The owner's and access_devices' access to fresh mappings (Note [Peers' access when the device is full]).
+  void set_access(std::uintptr_t at, std::size_t bytes);
   std::size_t page_index(const chunk& c, std::uintptr_t at) const noexcept { return (at - c.base) / page; }
   static std::size_t page_of(int device, const vmm_pool_options& o);
 
   vmm_pool_options opt;
+  // Devices a mapping gives access to besides the owner: opt.peer_devices, then,
+  // with access_for_every_peer, the other devices that can reach the owner.
+  std::vector<int> access_devices;
+  bool every_peer_added = false;  // access_devices holds devices the options did not name
+  std::atomic<bool> warned_peerless{false};
   std::size_t page = 0;           // bytes of every physical page
   std::size_t segment_bytes = 0;  // addresses each new segment reserves
   std::size_t maximum = 0;        // physical bytes the pool may hold

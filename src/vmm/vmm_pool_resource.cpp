@@ -26,6 +26,17 @@ detail::stream_pool_settings settings_of(const vmm_pool_options& o, std::size_t 
           .slot_min_bytes = o.slot_min_bytes != 0 ? std::max(o.slot_min_bytes, page) : page};
 }
 
+// The devices a mapping gives access to besides the owner (impl::access_devices).
+std::vector<int> access_devices_of(int device, const vmm_pool_options& o) {
+  std::vector<int> out = o.peer_devices;
+  if (o.access_for_every_peer) {
+    for (int p : peers_of(device)) {
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+  }
+  return out;
+}
+
 int checked_device(int device, const vmm_pool_options& o) {
   detail::validate_device(device, "vmm_pool_resource");
   for (int p : o.peer_devices) detail::validate_device(p, "vmm_pool_resource peer_devices");
@@ -48,6 +59,8 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o)
       page(page_of(dev, opt)),
       pool("vmm_pool_resource", dev, settings_of(opt, page)) {
   pool.set_backing(this);
+  access_devices = access_devices_of(dev, opt);
+  every_peer_added = access_devices.size() > opt.peer_devices.size();
   device_total = device_memory_info(dev).total_bytes;
   if (page > device_total) {
     throw logic_error("gpumem::vmm_pool_resource: page_bytes (" + std::to_string(page) +

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "adaptors/adaptor_test_support.hpp"
+#include "driver/driver.hpp"
 #include "gpumem/adaptors/deferred_free.hpp"
 #include "gpumem/adaptors/limiting.hpp"
 #include "gpumem/adaptors/logging.hpp"
@@ -80,6 +81,32 @@ TEST(Config, ErrorsNameTheBadToken) {
     EXPECT_NE(std::string(e.what()).find("initial_bytes 18446744073709551615 is larger"), std::string::npos)
         << e.what();
   }
+}
+
+// peers=all (the default) / peers=none: whether the other devices get access to the pool's memory.
+TEST(Config, PeersSaysWhichOtherDevicesMayUseThePool) {
+  EXPECT_NE(error_of("pool,peers=none").find("applies to async or vmm"), std::string::npos);
+  EXPECT_NE(error_of("vmm,peers=1").find("peers takes \"all\" or \"none\""), std::string::npos);
+  EXPECT_NE(error_of("vmm,peers").find("peers takes \"all\" or \"none\""), std::string::npos);
+  if (device_count() < 2 || peers_of(0).empty()) GTEST_SKIP() << "needs two devices with peer access";
+  auto access_of_device_1 = [](std::string_view conf) {
+    auto mr = make_resource_from_config(conf, 0);
+    stream s(0);
+    void* p = mr->allocate(3 << 20, s);
+    unsigned long long flags = 0;
+    CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, 1};
+    {
+      detail::device_context_guard g(0);
+      GPUMEM_CU(cuMemGetAccess, &flags, &loc, reinterpret_cast<CUdeviceptr>(p));
+    }
+    mr->deallocate(p, 3 << 20, s);
+    return flags;
+  };
+  EXPECT_EQ(access_of_device_1("default"), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  EXPECT_EQ(access_of_device_1("vmm,peers=all"), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  EXPECT_EQ(access_of_device_1("default,peers=none"), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  EXPECT_NO_THROW((void)make_resource_from_config("async,peers=none", 0));
+  EXPECT_NO_THROW((void)make_resource_from_config("async,peers=all", 0));
 }
 
 TEST(Config, TheDefaultBaseIsThePagedPoolWithABudget) {

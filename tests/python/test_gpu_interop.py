@@ -173,3 +173,38 @@ def test_buffer_is_usable_by_cupy_and_torch(tmp_path):
         """,
     )
     assert out.strip().endswith("ok")
+
+
+def test_copies_between_devices_work_on_gpumem_memory(tmp_path):
+    # The frameworks copy between devices without asking the allocator: the
+    # default pool maps its memory for every device that can reach it.
+    need("torch", "cupy")
+    import gpumem
+
+    if gpumem.device_count() < 2 or not gpumem.peers_of(0):
+        pytest.skip("needs two devices with peer access")
+    out = run_script(
+        tmp_path,
+        """
+        import cupy, torch
+        import gpumem, gpumem.cupy, gpumem.torch
+
+        gpumem.torch.use_gpumem_for_torch()
+        gpumem.cupy.use_gpumem_for_cupy()
+        x = torch.arange(1 << 22, device="cuda:0", dtype=torch.float32)
+        y = x.to("cuda:1")
+        back = y.view(1024, 4096).t().to("cuda:0")
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        assert torch.equal(y.cpu(), x.cpu())
+        assert torch.equal(back.cpu(), x.view(1024, 4096).t().cpu())
+        a = cupy.arange(1 << 20, dtype=cupy.float32)
+        with cupy.cuda.Device(1):
+            b = cupy.asarray(a)
+            peek = cupy.ElementwiseKernel("raw float32 x", "float32 y", "y = x[i]", "peek")(a, size=1 << 20)
+            cupy.cuda.Device(1).synchronize()
+        assert (b.get() == a.get()).all() and (peek.get() == a.get()).all()
+        print("ok")
+        """,
+    )
+    assert "ok" in out

@@ -224,3 +224,17 @@ def test_the_simulator_controls_import_as_a_module():
 
     assert importlib.import_module("gpumem.sim") is gpumem.sim
     assert callable(injected_failures)
+
+
+def test_peers_of_names_the_other_devices():
+    if gpumem.device_count() < 2:
+        pytest.skip("needs two devices")
+    assert gpumem.peers_of(0) == [1] or gpumem.peers_of(0) == []  # [] where the devices have no peer access
+    with pytest.raises(gpumem.LogicError):
+        gpumem.peers_of(gpumem.device_count())
+
+
+def test_vmm_pool_takes_access_for_every_peer():
+    pool = gpumem.VmmPoolResource(0, access_for_every_peer=False)
+    p = pool.allocate(4096, None)
+    pool.deallocate(p, 4096, None)

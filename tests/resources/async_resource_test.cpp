@@ -338,7 +338,9 @@ TEST(AsyncResource, TheIpcHandleTypeIsChosenAtCreation) {
 }
 
 TEST(AsyncResource, AccessFromOtherDevices) {
-  async_resource mr(0);
+  async_options owner_only;
+  owner_only.access_for_every_peer = false;
+  async_resource mr(0, owner_only);
   EXPECT_EQ(mr.access_from(0), pool_access::read_write);
   EXPECT_THROW(mr.set_access(0, pool_access::none), logic_error) << "the owner's access cannot change";
   EXPECT_THROW(mr.set_access(device_count(), pool_access::read_write), logic_error);
@@ -364,6 +366,14 @@ TEST(AsyncResource, AccessFromOtherDevices) {
   mr.deallocate(p, MiB, s0);
   mr.set_access(1, pool_access::none);
   EXPECT_EQ(mr.access_from(1), pool_access::none);
+}
+
+TEST(AsyncResource, EveryPeerGetsAccessUnlessTheOptionsSayNo) {
+  if (device_count() < 2 || peers_of(0).empty()) GTEST_SKIP() << "needs two devices with peer access";
+  EXPECT_EQ(async_resource(0).access_from(1), pool_access::read_write);
+  async_options o;
+  o.access_for_every_peer = false;
+  EXPECT_EQ(async_resource(0, o).access_from(1), pool_access::none);
 }
 
 TEST(AsyncResource, BadOptionsAreLogicErrors) {

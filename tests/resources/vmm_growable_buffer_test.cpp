@@ -7,6 +7,7 @@
 #include <csignal>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -432,6 +433,29 @@ TEST_F(GrowableBufferDeathTest, TouchingAReleasedTailFaults) {
 #else
   EXPECT_EXIT(tail[0] = 2, ::testing::KilledBySignal(SIGSEGV), "");
 #endif
+}
+
+// The same on a GPU: a kernel touching the released tail faults (an asynchronous
+// error the next synchronization reports).
+TEST_F(GrowableBufferDeathTest, AKernelTouchingAReleasedTailFaults) {
+  if (on_sim()) GTEST_SKIP() << "the simulator's device work is host code: the signal test above covers it";
+  if (std::string(touch_method()) != "CUDA kernels") GTEST_SKIP() << "needs the CUDA test kernels";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_outcome_of([] {
+                stream st(0);
+                growable_options o;
+                o.max_chunk_bytes = 2 * MiB;
+                growable_buffer b(0, st, o);
+                b.resize(8 * MiB);
+                char* tail = static_cast<char*>(b.data()) + 6 * MiB;
+                device_fill(tail, 4096, 1, st);  // mapped
+                b.resize(2 * MiB);
+                b.shrink_to_fit();
+                vmm::reclaim(true);  // the tail's pages are unmapped once its last use is seen complete
+                device_fill(tail, 4096, 2, st);
+                st.synchronize();
+              }),
+              ::testing::ExitedWithCode(device_work_failed), "CUDA_ERROR_ILLEGAL_ADDRESS|illegal memory access");
 }
 
 }  // namespace

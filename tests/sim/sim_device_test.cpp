@@ -1,4 +1,5 @@
 // Simulator: initialization, devices, attributes, error names and contexts.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -32,6 +33,32 @@ TEST_F(sim_device_test, two_devices_by_default) {
   EXPECT_EQ(dev, 1);
   EXPECT_EQ(cu().cuDeviceGet(&dev, 2), CUDA_ERROR_INVALID_DEVICE);
   EXPECT_EQ(cu().cuDeviceGet(&dev, -1), CUDA_ERROR_INVALID_DEVICE);
+}
+
+TEST_F(sim_device_test, context_peer_access_is_enabled_once_and_disabled_once) {
+  const CUcontext zero = primary_context_of(0), one = primary_context_of(1);
+  CUcontext previous = nullptr;
+  ASSERT_EQ(cu().cuCtxGetCurrent(&previous), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(one, 0), CUDA_ERROR_INVALID_CONTEXT);  // no current context
+  ASSERT_EQ(cu().cuCtxSetCurrent(previous), CUDA_SUCCESS);
+  current_device on(0);
+  EXPECT_EQ(cu().cuCtxDisablePeerAccess(one), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(one, 1), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(zero, 0), CUDA_ERROR_INVALID_DEVICE);  // itself
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(reinterpret_cast<CUcontext>(std::uintptr_t{0x1234}), 0),
+            CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(one, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(one, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  {
+    current_device other(1);  // per direction: 1 towards 0 is not enabled
+    EXPECT_EQ(cu().cuCtxDisablePeerAccess(zero), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  }
+  EXPECT_EQ(cu().cuCtxDisablePeerAccess(one), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuCtxDisablePeerAccess(one), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  sim::set_peer_access(false);
+  EXPECT_EQ(cu().cuCtxEnablePeerAccess(one, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+  sim::set_peer_access(true);
 }
 
 TEST_F(sim_device_test, name_and_total_memory) {

@@ -2,7 +2,10 @@
 #include "support/touch.hpp"
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -90,6 +93,18 @@ void device_fill(void* ptr, std::size_t bytes, std::uint8_t value, stream_view s
       GPUMEM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(device_address(ptr)), value, bytes, s.handle());
     }
   }
+}
+
+void exit_with_outcome_of(const std::function<void()>& work) {
+  int code = 0;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "failed: %s\n", e.what());
+    code = device_work_failed;
+  }
+  std::fflush(stderr);
+  std::_Exit(code);
 }
 
 std::size_t device_count_mismatches(const void* ptr, std::size_t bytes, std::uint8_t value,

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "gpumem/stream.hpp"
@@ -28,6 +29,13 @@ void device_fill(void* ptr, std::size_t bytes, std::uint8_t value, stream_view s
 // on `s`; waits for the stream.
 std::size_t device_count_mismatches(const void* ptr, std::size_t bytes, std::uint8_t value,
                                     stream_view s);
+
+// For death tests of faults on a GPU: a fault is sticky for the faulting
+// device's context, so the work runs in the test's child process, which exits
+// with `device_work_failed` if `work` threw (printing what() to stderr, for the
+// test's regex) and with 0 if it returned.
+inline constexpr int device_work_failed = 3;
+[[noreturn]] void exit_with_outcome_of(const std::function<void()>& work);
 
 // Queued on `s`: fill with `value`, keep the device busy for `hold`, then count
 // the bytes no longer equal to `value`. If the allocator handed the memory to
