@@ -22,7 +22,11 @@ GPUMEM_EXPORT void fail_nth_allocation(std::uint64_t n);
 // Each allocation fails with this probability, drawn from a generator seeded
 // with `seed`. 0 turns it off. Also GPUMEM_SIM_FAIL_RANDOM=p and GPUMEM_SIM_SEED.
 GPUMEM_EXPORT void fail_allocations_at_random(double probability, std::uint64_t seed);
-// Number of allocations the fault injection has failed so far.
+// The nth cuMemMap or cuMemSetAccess from now on (1 = the next one) fails with
+// out-of-memory, as the driver's does when a full device has no memory left for
+// the mapping's page tables. 0 turns it off.
+GPUMEM_EXPORT void fail_nth_mapping(std::uint64_t n);
+// Number of allocations (and mappings) the fault injection has failed so far.
 GPUMEM_EXPORT std::uint64_t injected_failures();
 
 // Whether cuDeviceCanAccessPeer says two different devices can access each other's

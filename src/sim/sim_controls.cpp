@@ -40,6 +40,8 @@ sim_device& device_of(const char* where, int device) {
 
 void fail_nth_allocation(std::uint64_t n) { simulator("fail_nth_allocation").faults.fail_nth(n); }
 
+void fail_nth_mapping(std::uint64_t n) { simulator("fail_nth_mapping").faults.fail_nth_mapping(n); }
+
 void fail_allocations_at_random(double probability, std::uint64_t seed) {
   sim_state& state = simulator("fail_allocations_at_random");
   if (!(probability >= 0.0 && probability <= 1.0)) {

@@ -28,4 +28,16 @@ bool fault_injector::should_fail_allocation() {
   return fail;
 }
 
+bool fault_injector::should_fail_mapping() {
+  std::uint64_t n = mapping_countdown_.load(std::memory_order_relaxed);
+  while (n != 0) {
+    if (mapping_countdown_.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+      if (n != 1) return false;
+      injected_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace gpumem::detail::simulator

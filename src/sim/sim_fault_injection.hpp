@@ -1,5 +1,5 @@
 // Fault injection for device allocations: fail the nth allocation, or each one
-// with a probability from a seeded generator (gpumem::sim controls and
+// with a probability from a seeded generator; and the nth mapping (gpumem::sim controls and
 // GPUMEM_SIM_FAIL_ALLOC / GPUMEM_SIM_FAIL_RANDOM / GPUMEM_SIM_SEED).
 #pragma once
 
@@ -22,12 +22,18 @@ class fault_injector {
   bool should_fail_allocation();
   std::uint64_t injected_failures() const { return injected_.load(std::memory_order_relaxed); }
 
+  // The nth cuMemMap or cuMemSetAccess from now on fails with out-of-memory (the
+  // driver's own memory for a mapping, on a full device); 0 turns it off.
+  void fail_nth_mapping(std::uint64_t n) { mapping_countdown_.store(n, std::memory_order_relaxed); }
+  bool should_fail_mapping();
+
  private:
   std::mutex mutex_;
   std::uint64_t countdown_ = 0;  // allocations until the nth one; 0 = off
   double probability_ = 0.0;
   std::mt19937_64 generator_{1};
   std::atomic<std::uint64_t> injected_{0};
+  std::atomic<std::uint64_t> mapping_countdown_{0};
 };
 
 }  // namespace gpumem::detail::simulator

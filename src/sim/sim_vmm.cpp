@@ -509,7 +509,14 @@ CUresult mem_release(CUmemGenericAllocationHandle handle) {
 
 CUresult mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
                  unsigned long long flags) {
-  return entry_point([&](sim_state& state) { return state.vmm->map(ptr, size, offset, handle, flags); });
+  return entry_point([&](sim_state& state) {
+    const CUresult r = state.vmm->map(ptr, size, offset, handle, flags);
+    if (r == CUDA_SUCCESS && state.faults.should_fail_mapping()) {
+      (void)state.vmm->unmap(ptr, size);  // the driver reports the failure with nothing mapped
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return r;
+  });
 }
 
 CUresult mem_unmap(CUdeviceptr ptr, std::size_t size) {
@@ -517,7 +524,10 @@ CUresult mem_unmap(CUdeviceptr ptr, std::size_t size) {
 }
 
 CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc, std::size_t count) {
-  return entry_point([&](sim_state& state) { return state.vmm->set_access(ptr, size, desc, count); });
+  return entry_point([&](sim_state& state) {
+    if (state.faults.should_fail_mapping()) return CUDA_ERROR_OUT_OF_MEMORY;
+    return state.vmm->set_access(ptr, size, desc, count);
+  });
 }
 
 CUresult mem_get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {

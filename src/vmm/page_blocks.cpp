@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
-#include <cstdio>
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
@@ -170,49 +169,61 @@ void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
   c.pages[i] = 0;
 }
 
-// Note [Peers' access when the device is full]
-// Giving another device access to a mapping takes the driver memory of its own
-// (the peer's page tables), which a device filled to its last page may not have:
-// cuMemSetAccess then fails with CUDA_ERROR_OUT_OF_MEMORY although the pages are
-// mapped. Undoing the mapping would throw away pages moved from elsewhere, so
-// when the devices that failed are only the ones access_for_every_peer added,
-// the run keeps the owner's (and the named peers') access, and the pool says once
-// on stderr that some of its memory cannot be reached from the other devices.
-// The owner's allocation succeeds, which is what it asked for; a copy of that
-// memory by another device's work fails with a CUDA error, as it would for
-// memory of a pool made with access_for_every_peer off.
-void vmm_pool_resource::impl::set_access(std::uintptr_t at, std::size_t bytes) {
-  try {
-    vm::set_access(pool.device, at, bytes, access_devices);
-  } catch (const cuda_error& e) {
-    if (e.result() != CUDA_ERROR_OUT_OF_MEMORY || !every_peer_added) throw;
-    vm::set_access(pool.device, at, bytes, opt.peer_devices);
-    if (!warned_peerless.exchange(true)) {
-      std::fprintf(stderr,
-                   "gpumem: vmm_pool_resource on device %d: the device is full; memory mapped from now on may "
-                   "lack access from the other devices (%s); copies of it by their work fail\n",
-                   pool.device, e.what());
+// Note [A mapping the driver has no memory for]
+// Mapping a page and giving devices access to it take driver memory of their own
+// (page tables, on the owner and on every peer with access), which a device
+// filled to its last page may not have: cuMemMap or cuMemSetAccess then fails
+// with CUDA_ERROR_OUT_OF_MEMORY. That is a shortage like too few pages: the run
+// is undone, every page supply_pages gave goes back where it came from (a page
+// moved from a free place becomes that place's page again; a new one goes back to
+// the device), and the request is short, so the pool frees what it can and tries
+// again before it throws out_of_memory. With every peer mapped
+// (access_for_every_peer), the page tables of the peers count too: the largest
+// allocation on a full device is a little smaller than with the owner alone.
+void vmm_pool_resource::impl::return_unplaced(arena& a, const std::vector<std::uint64_t>& handles, std::size_t from,
+                                              std::size_t n) {
+  for (std::size_t k = from; k < from + n; ++k) {
+    const std::uint64_t handle = handles[k];
+    auto it = homes.find(handle);
+    if (it != homes.end() && it->second.primary.c == nullptr && !it->second.aliases.empty()) {
+      // Taken from a free place (take_page): that place becomes its home again.
+      page_home& h = it->second;
+      const page_ref old = h.aliases.back();
+      h.aliases.pop_back();
+      h.primary = old;
+      arena& s = *old.c->owner;
+      if (&s != &a) s.lock.lock();
+      old.c->set_ready(old.index, true);
+      s.reserved_bytes += page;
+      if (&s != &a) s.lock.unlock();
+    } else {
+      // Made for this request: back to the device.
+      (void)detail::driver().cuMemRelease(handle);  // already failing; the first error is the one reported
+      if (it != homes.end()) homes.erase(it);
+      pool.reserved_bytes -= page;
     }
   }
 }
 
-void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
+bool vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
                                         const std::vector<std::uint64_t>& handles, std::size_t from, std::size_t n) {
   const std::uintptr_t at = c.base + first * page;
   std::size_t mapped = 0;
   const auto started = std::chrono::steady_clock::now();
   try {
     for (; mapped < n; ++mapped) vm::map(pool.device, at + mapped * page, page, handles[from + mapped]);
-    set_access(at, n * page);
+    vm::set_access(pool.device, at, n * page, access_devices);
     note_map_time(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count(), n);
-  } catch (...) {
-    // A driver failure, not a shortage: undo, and give these handles back.
+  } catch (const cuda_error& e) {
+    // Undone: the pages go back where they came from. Out of memory (the driver's
+    // own memory for the mapping, on a full device) is a shortage like any other.
     if (mapped > 0) (void)detail::driver().cuMemUnmap(at, mapped * page);
-    for (std::size_t k = 0; k < n; ++k) {
-      (void)detail::driver().cuMemRelease(handles[from + k]);
-      homes.erase(handles[from + k]);
-    }
-    pool.reserved_bytes -= n * page;
+    return_unplaced(a, handles, from, n);
+    if (e.result() == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    throw;
+  } catch (...) {
+    if (mapped > 0) (void)detail::driver().cuMemUnmap(at, mapped * page);
+    return_unplaced(a, handles, from, n);
     throw;
   }
   for (std::size_t k = 0; k < n; ++k) {
@@ -223,17 +234,28 @@ void vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
     h.primary = {&c, first + k};
   }
   a.reserved_bytes += n * page;
+  return true;
 }
 
 bool vmm_pool_resource::impl::fill_pages(arena& a, const std::vector<arena*>& others, chunk& c,
                                          const std::vector<std::size_t>& missing) {
   note_peak(a, others);
   const std::vector<std::uint64_t> handles = supply_pages(a, others, missing.size());
-  // Mapped run by run: one access call per run of adjacent pages.
+  // Mapped run by run: one access call per run of adjacent pages. A run the
+  // driver has no memory to map ends it: the rest of the pages go back, and the
+  // request is short, as when too few pages were found.
   for (std::size_t k = 0; k < handles.size();) {
     std::size_t n = 1;
     while (k + n < handles.size() && missing[k + n] == missing[k] + n) ++n;
-    map_pages(a, c, missing[k], handles, k, n);
+    try {
+      if (!map_pages(a, c, missing[k], handles, k, n)) {
+        return_unplaced(a, handles, k + n, handles.size() - k - n);
+        return false;
+      }
+    } catch (...) {
+      return_unplaced(a, handles, k + n, handles.size() - k - n);
+      throw;
+    }
     k += n;
   }
   return handles.size() == missing.size();

@@ -235,8 +235,9 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     const std::vector<std::uint64_t> more = supply_pages(a, others, n - handles.size());
     handles.insert(handles.end(), more.begin(), more.end());
   }
-  if (!handles.empty()) map_pages(a, c, first, handles, 0, handles.size());
-  if (handles.size() < n) {
+  // A mapping the driver had no memory for returned every page (map_pages): short too.
+  const bool mapped = handles.empty() || map_pages(a, c, first, handles, 0, handles.size());
+  if (!mapped || handles.size() < n) {
     // Memory is short: the slot waits, free, with the pages it got.
     s->free_epoch = ++a.frees;
     s->cached = true;

@@ -114,15 +114,19 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // alias back to the device, at most `at_most` bytes. Returns bytes.
   std::size_t release_free_pages(arena& s, std::size_t at_most);
   // Maps `handles` at pages [first, first + n) of chunk `c` (owned by a), sets
-  // access, and makes those their primary places.
-  void map_pages(arena& a, chunk& c, std::size_t first, const std::vector<std::uint64_t>& handles,
+  // access, and makes those their primary places. false when the driver had no
+  // memory for the mapping: nothing mapped, the handles returned (return_unplaced;
+  // Note [A mapping the driver has no memory for]).
+  bool map_pages(arena& a, chunk& c, std::size_t first, const std::vector<std::uint64_t>& handles,
                  std::size_t from, std::size_t n);
+  // Handles [from, from + n) that supply_pages gave and that were not mapped:
+  // pages taken from a free place go back there (ready again), new ones go back
+  // to the device (growth mutex and a's lock held).
+  void return_unplaced(arena& a, const std::vector<std::uint64_t>& handles, std::size_t from, std::size_t n);
   // Takes the free page i of c (ready) from s to be mapped elsewhere: its place
   // there becomes an alias (growth mutex and s's lock held).
   void take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out);
   void unmap_alias(chunk& c, std::size_t i);
-  // The owner's and access_devices' access to fresh mappings (Note [Peers' access when the device is full]).
-  void set_access(std::uintptr_t at, std::size_t bytes);
   std::size_t page_index(const chunk& c, std::uintptr_t at) const noexcept { return (at - c.base) / page; }
   static std::size_t page_of(int device, const vmm_pool_options& o);
 
@@ -130,8 +134,6 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // Devices a mapping gives access to besides the owner: opt.peer_devices, then,
   // with access_for_every_peer, the other devices that can reach the owner.
   std::vector<int> access_devices;
-  bool every_peer_added = false;  // access_devices holds devices the options did not name
-  std::atomic<bool> warned_peerless{false};
   std::size_t page = 0;           // bytes of every physical page
   std::size_t segment_bytes = 0;  // addresses each new segment reserves
   std::size_t maximum = 0;        // physical bytes the pool may hold

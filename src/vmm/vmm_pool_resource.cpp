@@ -60,7 +60,6 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o)
       pool("vmm_pool_resource", dev, settings_of(opt, page)) {
   pool.set_backing(this);
   access_devices = access_devices_of(dev, opt);
-  every_peer_added = access_devices.size() > opt.peer_devices.size();
   device_total = device_memory_info(dev).total_bytes;
   if (page > device_total) {
     throw logic_error("gpumem::vmm_pool_resource: page_bytes (" + std::to_string(page) +
