@@ -223,17 +223,26 @@ def _gpumem_ipc_handle_class():
 
     class GpumemIpcHandle(_cuda.IpcHandle):
         def __init__(self, base, gpumem_handle):
-            super().__init__(base, None, gpumem_handle.size, None, offset=0)
+            # `handle.reserved` is the handle's bytes, where Numba's legacy handle has the
+            # driver's 64: what pickling keeps and what Numba's own tests compare.
+            super().__init__(base, _HandleBytes(gpumem_handle.to_bytes()), gpumem_handle.size, None, offset=0)
             self._gpumem = gpumem_handle
             self._memory = None
 
         def open(self, context):
+            """Maps the memory for the context's device: another device than the
+            memory's own gets peer access (gpumem.UnsupportedError where the devices
+            cannot reach each other), so no staging through the host is needed."""
             if self.base is not None:
                 raise ValueError("opening IpcHandle from original process")
             if self._memory is not None:
                 raise ValueError("IpcHandle is already opened")
-            self._memory = self._gpumem.open()
+            device = getattr(context.device, "id", context.device)
+            self._memory = self._gpumem.open(device=int(device))
             return _cuda.MemoryPointer(context, _device_pointer(self._memory.ptr), self.size)
+
+        open_staged = open
+        open_direct = open
 
         def close(self):
             if self._memory is None:
@@ -246,6 +255,13 @@ def _gpumem_ipc_handle_class():
 
     _GPUMEM_IPC_HANDLE = GpumemIpcHandle
     return GpumemIpcHandle
+
+
+class _HandleBytes:
+    """A gpumem IPC handle's bytes, where Numba keeps a CUipcMemHandle (``.reserved``)."""
+
+    def __init__(self, data):
+        self.reserved = data
 
 
 def _rebuild_gpumem_ipc_handle(data):
