@@ -136,7 +136,9 @@ GPUMEM_EXPORT ipc_handle export_allocation(const void* ptr, std::size_t bytes);
 
 // Maps the memory in this process. Legacy and pool mappings of one exporter
 // allocation or pool are shared within the process (counted), so importing two
-// sub-allocations of one base allocation works (the driver refuses a second open).
+// sub-allocations of one base allocation works (the driver refuses a second open),
+// importing one allocation twice gives the same address, and the mappings close in
+// any order (the last close unmaps).
 GPUMEM_EXPORT ipc_mapping import_allocation(const ipc_handle& handle);
 
 struct import_options {

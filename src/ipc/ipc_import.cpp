@@ -26,20 +26,30 @@ using detail::throw_ipc;
 // The driver refuses to open one legacy handle twice in a process
 // (CUDA_ERROR_ALREADY_MAPPED), and a legacy handle names a whole cuMemAlloc allocation,
 // so two sub-allocations of one pool chunk share it. Imported pools are likewise
-// imported once per exporter pool. Both are counted here, process-wide: the first
-// import opens, the last close closes.
+// imported once per exporter pool, and each block of one once: a second
+// cuMemPoolImportPointer of a block gives it again, and the first cuMemFree of it
+// would leave the second mapping dangling (its own cuMemFree then fails). All are
+// counted here, process-wide: the first import opens, the last close closes, in
+// whatever order the mappings close.
 struct legacy_entry {
   CUdeviceptr base = 0;
   unsigned references = 0;
 };
 struct pool_entry {
   CUmemoryPool pool = nullptr;
+  unsigned references = 0;  // blocks imported from it
+};
+struct pool_block_entry {
+  pool_entry* pool = nullptr;
+  CUdeviceptr block = 0;
   unsigned references = 0;
 };
+using export_data = std::array<std::byte, sizeof(CUmemPoolPtrExportData)>;
 struct import_cache {
   std::mutex mutex;
   std::map<std::array<std::byte, sizeof(CUipcMemHandle)>, legacy_entry> legacy;
   std::map<std::pair<pid_t, std::uint64_t>, pool_entry> pools;  // (exporter pid, exporter pool id)
+  std::map<std::pair<const pool_entry*, export_data>, pool_block_entry> blocks;
 };
 
 import_cache& cache() {
@@ -151,7 +161,10 @@ ipc_mapping import_pool(const ipc_handle& h, int device, int user) {
   const auto pool_id = static_cast<std::uint64_t>(ipc_access::pieces(h)[0].bytes);
   import_cache& c = cache();
   std::unique_lock lock(c.mutex);
-  auto [it, inserted] = c.pools.try_emplace(std::make_pair(h.exporter_pid(), pool_id));
+  // Named, not structured bindings: the undo lambda below captures them.
+  const auto pool_emplaced = c.pools.try_emplace(std::make_pair(h.exporter_pid(), pool_id));
+  const auto it = pool_emplaced.first;
+  const bool inserted = pool_emplaced.second;
   pool_entry& entry = it->second;
   const detail::device_context_guard guard(device);
   if (inserted) {
@@ -167,15 +180,32 @@ ipc_mapping import_pool(const ipc_handle& h, int device, int user) {
       throw;
     }
   }
-  CUmemPoolPtrExportData data{};
-  std::memcpy(&data, h.driver_bytes().data(), sizeof data);
-  CUdeviceptr block = 0;
-  if (CUresult r = detail::driver().cuMemPoolImportPointer(&block, entry.pool, &data); r != CUDA_SUCCESS) {
+  export_data key{};
+  std::memcpy(key.data(), h.driver_bytes().data(), key.size());
+  const auto block_emplaced = c.blocks.try_emplace(std::make_pair(&entry, key));
+  const auto bit = block_emplaced.first;
+  const bool block_inserted = block_emplaced.second;
+  pool_block_entry& block = bit->second;
+  // Drops what this import made if it fails before handing out the mapping.
+  auto undo = [&] {
+    if (block_inserted) {
+      if (block.block != 0) (void)detail::driver().cuMemFree(block.block);  // already failing
+      c.blocks.erase(bit);
+    }
     if (entry.references == 0) {
-      detail::driver().cuMemPoolDestroy(entry.pool);
+      (void)detail::driver().cuMemPoolDestroy(entry.pool);
       c.pools.erase(it);
     }
-    detail::check(r, "cuMemPoolImportPointer", __FILE__, __LINE__);
+  };
+  if (block_inserted) {
+    block.pool = &entry;
+    CUmemPoolPtrExportData data{};
+    std::memcpy(&data, key.data(), sizeof data);
+    if (CUresult r = detail::driver().cuMemPoolImportPointer(&block.block, entry.pool, &data); r != CUDA_SUCCESS) {
+      block.block = 0;
+      undo();
+      detail::check(r, "cuMemPoolImportPointer", __FILE__, __LINE__);
+    }
   }
   if (user != device) {
     // Access is per pool in this process; granting it again for a later import is harmless.
@@ -184,19 +214,17 @@ ipc_mapping import_pool(const ipc_handle& h, int device, int user) {
     access.location.id = user;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if (CUresult r = detail::driver().cuMemPoolSetAccess(entry.pool, &access, 1); r != CUDA_SUCCESS) {
-      detail::driver().cuMemFree(block);
-      if (entry.references == 0) {
-        detail::driver().cuMemPoolDestroy(entry.pool);
-        c.pools.erase(it);
-      }
+      undo();
       detail::check(r, "cuMemPoolSetAccess", __FILE__, __LINE__);
     }
   }
-  ++entry.references;
-  ipc_mapping m = ipc_access::make_mapping(reinterpret_cast<void*>(block + h.offset()), h.size(), device, user,
-                                           ipc_kind::pool, block, 0, reinterpret_cast<std::uintptr_t>(&entry));
+  if (block_inserted) ++entry.references;
+  ++block.references;
+  ipc_mapping m = ipc_access::make_mapping(reinterpret_cast<void*>(block.block + h.offset()), h.size(), device, user,
+                                           ipc_kind::pool, block.block, 0, reinterpret_cast<std::uintptr_t>(&block));
+  const CUdeviceptr opened = block.block;
   lock.unlock();  // a refusal closes the mapping, which takes the lock
-  require_inside(block, h, device, "pool");
+  require_inside(opened, h, device, "pool");
   return m;
 }
 
@@ -265,10 +293,18 @@ void ipc_unmap(ipc_kind kind, int device, std::uintptr_t base, std::size_t mappe
       return;
     }
     case ipc_kind::pool: {
-      GPUMEM_CU(cuMemFree, static_cast<CUdeviceptr>(base));
       import_cache& c = cache();
       std::lock_guard lock(c.mutex);
-      auto* entry = reinterpret_cast<pool_entry*>(cache_key);
+      auto* block = reinterpret_cast<pool_block_entry*>(cache_key);
+      if (--block->references > 0) return;
+      pool_entry* entry = block->pool;
+      for (auto it = c.blocks.begin(); it != c.blocks.end(); ++it) {
+        if (&it->second == block) {
+          c.blocks.erase(it);
+          break;
+        }
+      }
+      GPUMEM_CU(cuMemFree, static_cast<CUdeviceptr>(base));
       if (--entry->references > 0) return;
       const CUmemoryPool pool = entry->pool;
       for (auto it = c.pools.begin(); it != c.pools.end(); ++it) {

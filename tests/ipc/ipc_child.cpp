@@ -86,10 +86,19 @@ std::string run(const std::string& mode, gpumem::ipc_fd_channel& channel) {
     for (std::size_t i = 0; i < n; ++i) host[i] = child_byte(i);
     GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(mapping.data()), reinterpret_cast<CUdeviceptr>(host.data()), n);
   }
-  if (handle.kind() == gpumem::ipc_kind::legacy) {
-    // A second import of the same base allocation in this process shares the open handle.
+  if (handle.kind() != gpumem::ipc_kind::vmm && mode != "crash") {
+    // A second import of the same allocation in this process shares the first's
+    // mapping (Note [One open per process]), and they close in any order: the
+    // first closes first, and the second still reads what this process wrote.
     gpumem::ipc_mapping again = gpumem::import_allocation(handle, options);
-    if (again.data() != mapping.data()) return "a second import of one legacy handle mapped elsewhere";
+    if (again.data() != mapping.data()) return "a second import of one handle mapped elsewhere";
+    mapping.close();
+    const gpumem::detail::device_context_guard guard(user);
+    GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(again.data()), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (host[i] != child_byte(i)) return "after the first mapping closed, the second reads other bytes";
+    }
+    again.close();
   }
   if (mode == "crash") {
     const gpumem::detail::device_context_guard guard(mapping.device());

@@ -402,6 +402,36 @@ TEST(Ipc, ASizeOrOffsetPastWhatWasExportedIsRefusedByTheImporter) {
   s.synchronize();
 }
 
+// An exporter that has exited: the descriptors a handle names cannot be taken from
+// it any more (pidfd_getfd), and the import says so (typed). The handle is a real one
+// of this process, its pid rewritten to that of a child that has exited.
+TEST(Ipc, AHandleWhoseExporterExitedSaysWhy) {
+  gpumem::vmm_pool_resource pool(0);
+  gpumem::stream s{0};
+  const std::size_t n = std::size_t{4} << 20;
+  void* p = pool.allocate(n, s);
+  s.synchronize();
+  const gpumem::ipc_handle good = gpumem::export_allocation(pool, p, n);
+  const pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(gone, &status, 0), gone);
+  const std::uint64_t pid_and_device = (std::uint64_t{static_cast<std::uint32_t>(good.device())} << 32) |
+                                       static_cast<std::uint32_t>(gone);
+  const gpumem::ipc_handle orphan = gpumem::ipc_handle::deserialize(forge(good.serialize(), 16, pid_and_device));
+  ASSERT_EQ(orphan.exporter_pid(), gone) << "the layout this test forges";
+  try {
+    gpumem::ipc_mapping m = gpumem::import_allocation(orphan);
+    ADD_FAILURE() << "imported from an exporter that has exited";
+  } catch (const gpumem::ipc_error& e) {
+    EXPECT_EQ(e.code(), gpumem::ipc_errc::descriptor_unavailable) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exited"), std::string::npos) << e.what();
+  }
+  pool.deallocate(p, n, s);
+  s.synchronize();
+}
+
 template <class F>
 void expect_not_exportable(F&& f, const char* hint) {
   try {

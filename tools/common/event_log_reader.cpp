@@ -29,6 +29,10 @@ std::string human_bytes(double bytes) {
 std::vector<logged_event> read_event_log(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw log_format_error(path + ": cannot open");
+  return read_event_log(in, path);
+}
+
+std::vector<logged_event> read_event_log(std::istream& in, const std::string& path) {
   std::string line;
   if (!std::getline(in, line)) throw log_format_error(path + ": empty file, not a gpumem event log");
   const std::vector<std::string> header = split_csv(line);

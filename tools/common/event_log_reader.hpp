@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,6 +39,8 @@ class log_format_error : public std::runtime_error {
 // required, the others have defaults (time 0, thread 1, stream 0x0, source
 // "app", alignment 256, outcome ok, no site).
 std::vector<logged_event> read_event_log(const std::string& path);
+// The same from a stream; `name` stands for the file in messages.
+std::vector<logged_event> read_event_log(std::istream& in, const std::string& name);
 
 // Splits one CSV line (RFC 4180 quoting).
 std::vector<std::string> split_csv(const std::string& line);
