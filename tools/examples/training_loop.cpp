@@ -10,9 +10,11 @@
 // backward pass, with workspace buffers in between; a larger batch every few
 // steps asks for more than the device has (a limit, when GPUMEM_CONF sets one),
 // which shows up as out-of-memory markers.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <new>
 #include <thread>
 #include <vector>
@@ -95,12 +97,29 @@ void worker(int id, int steps, std::size_t scale) {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 20;
   const std::size_t scale = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : 8;
-  const auto kind = gpumem::select_backend(gpumem::backend_choice::cuda_or_sim);
-  std::printf("gpumem-example-training: %s, device 0: %s, %d steps, scale %zu\n",
-              std::string(gpumem::to_string(kind)).c_str(), gpumem::device_name(0).c_str(), steps, scale);
-  std::thread a(worker, 0, steps, scale);
-  std::thread b(worker, 1, steps, scale / 2 > 0 ? scale / 2 : 1);
+  try {
+    const auto kind = gpumem::select_backend(gpumem::backend_choice::cuda_or_sim);
+    std::printf("gpumem-example-training: %s, device 0: %s, %d steps, scale %zu\n",
+                std::string(gpumem::to_string(kind)).c_str(), gpumem::device_name(0).c_str(), steps, scale);
+    // The device's resource is made here, from GPUMEM_CONF: a bad one is reported
+    // below, not in a thread (where it would end the program with std::terminate).
+    (void)gpumem::get_current_resource(0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpumem-example-training: %s\n", e.what());
+    return 1;
+  }
+  std::atomic<bool> failed{false};
+  auto run = [&failed](int id, int n, std::size_t s) {
+    try {
+      worker(id, n, s);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpumem-example-training: thread %d: %s\n", id, e.what());
+      failed = true;
+    }
+  };
+  std::thread a(run, 0, steps, scale);
+  std::thread b(run, 1, steps, scale / 2 > 0 ? scale / 2 : 1);
   a.join();
   b.join();
-  return 0;
+  return failed ? 1 : 0;
 }

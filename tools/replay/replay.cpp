@@ -24,9 +24,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -223,20 +225,45 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
     }
   };
 
+  // One OS thread per logged thread, up to max_replay_threads; beyond that, logged
+  // threads share them, each worker taking its threads' calls in seq order (a log of
+  // a program with 20,000 threads cannot have 20,000 here: thread creation fails, or
+  // handing the turn among them takes minutes). Both orders stay deadlock-free: a
+  // worker only ever waits for an event of smaller seq.
+  std::vector<std::vector<step>> work(std::min(per_thread.size(), max_replay_threads));
+  {
+    std::size_t k = 0;
+    for (auto& [thread, steps] : per_thread) {
+      auto& w = work[k++ % work.size()];
+      w.insert(w.end(), steps.begin(), steps.end());
+    }
+    for (auto& w : work) std::sort(w.begin(), w.end(), [](const step& a, const step& b) { return a.index < b.index; });
+  }
   std::vector<std::thread> workers;
   std::exception_ptr worker_error;
   std::mutex error_mutex;
-  for (auto& [thread, steps] : per_thread) {
-    workers.emplace_back([&, &steps = steps] {
-      try {
-        run(steps);
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!worker_error) worker_error = std::current_exception();
-        turn.store(static_cast<std::size_t>(-1) / 2);  // let the others run out
-        turn.notify_all();
-      }
-    });
+  auto give_up = [&] {
+    turn.store(static_cast<std::size_t>(-1) / 2);  // let the others run out
+    turn.notify_all();
+  };
+  try {
+    for (auto& steps : work) {
+      workers.emplace_back([&, &steps = steps] {
+        try {
+          run(steps);
+        } catch (...) {
+          std::lock_guard lock(error_mutex);
+          if (!worker_error) worker_error = std::current_exception();
+          give_up();
+        }
+      });
+    }
+  } catch (const std::system_error& e) {  // no more threads: the ones started finish, then say so
+    give_up();
+    start.store(true, std::memory_order_release);
+    for (auto& w : workers) w.join();
+    throw std::runtime_error("gpumem-replay: could not start thread " + std::to_string(workers.size() + 1) + " of " +
+                             std::to_string(work.size()) + ": " + e.what());
   }
   const auto t0 = std::chrono::steady_clock::now();
   start.store(true, std::memory_order_release);

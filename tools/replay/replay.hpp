@@ -16,6 +16,9 @@
 
 namespace gpumem::tools {
 
+// Most OS threads a replay starts; a log of more threads shares them (replay.cpp).
+inline constexpr std::size_t max_replay_threads = 256;
+
 enum class replay_order {
   seq,     // one global order: every event waits for the one before it (exact peaks)
   thread,  // each thread in its own order; a free waits only for its allocation

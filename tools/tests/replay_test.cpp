@@ -174,6 +174,50 @@ TEST(Replay, KeepsTheOrderOfManyThreadsAndStreams) {
   EXPECT_LE(t.peak_live_bytes, t.log_peak_live_bytes * 4) << "a sanity bound";
 }
 
+// A log of 20,000 threads (one allocation each, held while the next threads
+// allocate): they share at most max_replay_threads OS threads, in seq order, and the
+// peak is still the log's.
+TEST(Replay, ALogOfTwentyThousandThreadsReplaysOnABoundedNumberOfThreads) {
+  std::vector<gpumem::tools::logged_event> events;
+  constexpr std::uint32_t threads = 20000;
+  std::uint64_t seq = 0;
+  for (std::uint32_t t = 0; t < threads; ++t) {
+    gpumem::tools::logged_event a;
+    a.seq = ++seq;
+    a.thread = t + 1;
+    a.stream = 0;
+    a.allocate = true;
+    a.ptr = 0x100000 + std::uint64_t{t} * 4096;
+    a.bytes = 4096;
+    a.source = "app";
+    a.outcome = "ok";
+    events.push_back(a);
+    if (t >= 8) {  // eight live at a time: each thread frees the allocation of the thread 8 before it
+      gpumem::tools::logged_event f;
+      f.seq = ++seq;
+      f.thread = t + 1;
+      f.allocate = false;
+      f.ptr = 0x100000 + std::uint64_t{t - 8} * 4096;
+      f.bytes = 4096;
+      f.source = "app";
+      f.outcome = "ok";
+      events.push_back(f);
+    }
+  }
+  for (const replay_order order : {replay_order::seq, replay_order::thread}) {
+    replay_options o;
+    o.order = order;
+    const auto r = replay_events(events, o);
+    EXPECT_EQ(r.threads, threads);
+    EXPECT_EQ(r.failures, 0U);
+    EXPECT_EQ(r.allocations, threads);
+    EXPECT_EQ(r.left_live, 8U);
+    if (order == replay_order::seq) {
+      EXPECT_EQ(r.peak_live_bytes, r.log_peak_live_bytes);
+    }
+  }
+}
+
 TEST(Replay, ASmallerSimulatedDeviceShowsTheFailures) {
   temp_file log("small-device.csv");
   record_single_thread(log.str());
