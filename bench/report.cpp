@@ -207,7 +207,9 @@ void print_header(std::ostream& out, const run_info& info) {
   }
   // Rows left out, one line per reason.
   std::vector<std::pair<std::string, std::string>> by_reason;  // reason, rows
-  for (const auto& [row, why] : info.not_measured) {
+  for (const auto& left_out : info.not_measured) {
+    const std::string& row = left_out.first;
+    const std::string& why = left_out.second;
     auto it = std::find_if(by_reason.begin(), by_reason.end(),
                            [&](const auto& r) { return r.first == why; });
     if (it == by_reason.end()) {

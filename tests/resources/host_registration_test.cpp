@@ -67,8 +67,8 @@ TEST(HostRegistration, MappedMemoryIsReachableFromDeviceWork) {
 TEST(HostRegistration, RegisteringTheSameRangeTwiceIsAClearError) {
   host_pages mem(4 * 4096);
   host_registration first(mem.data + 4096, 2 * 4096, {.mapped = true}, 0);
-  for (auto [offset, bytes] : {std::pair{4096, 2 * 4096}, std::pair{0, 2 * 4096}, std::pair{2 * 4096, 2 * 4096}}) {
-    const std::string what = logic_error_text([&] { host_registration(mem.data + offset, bytes, {}, 0); });
+  for (const auto& range : {std::pair{4096, 2 * 4096}, std::pair{0, 2 * 4096}, std::pair{2 * 4096, 2 * 4096}}) {
+    const std::string what = logic_error_text([&] { host_registration(mem.data + range.first, range.second, {}, 0); });
     EXPECT_NE(what.find("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"), std::string::npos) << what;
   }
   EXPECT_TRUE(first.registered());
