@@ -181,28 +181,14 @@ TEST(Replay, ALogOfTwentyThousandThreadsReplaysOnABoundedNumberOfThreads) {
   std::vector<gpumem::tools::logged_event> events;
   constexpr std::uint32_t threads = 20000;
   std::uint64_t seq = 0;
+  auto event = [&seq](std::uint32_t thread, bool allocate, std::uint64_t ptr) {
+    return gpumem::tools::logged_event{.seq = ++seq, .thread = thread, .source = "app", .allocate = allocate,
+                                       .ptr = ptr, .bytes = 4096, .outcome = "ok", .site = {}, .line = 0};
+  };
   for (std::uint32_t t = 0; t < threads; ++t) {
-    gpumem::tools::logged_event a;
-    a.seq = ++seq;
-    a.thread = t + 1;
-    a.stream = 0;
-    a.allocate = true;
-    a.ptr = 0x100000 + std::uint64_t{t} * 4096;
-    a.bytes = 4096;
-    a.source = "app";
-    a.outcome = "ok";
-    events.push_back(a);
-    if (t >= 8) {  // eight live at a time: each thread frees the allocation of the thread 8 before it
-      gpumem::tools::logged_event f;
-      f.seq = ++seq;
-      f.thread = t + 1;
-      f.allocate = false;
-      f.ptr = 0x100000 + std::uint64_t{t - 8} * 4096;
-      f.bytes = 4096;
-      f.source = "app";
-      f.outcome = "ok";
-      events.push_back(f);
-    }
+    events.push_back(event(t + 1, true, 0x100000 + std::uint64_t{t} * 4096));
+    // Eight live at a time: each thread frees the allocation of the thread 8 before it.
+    if (t >= 8) events.push_back(event(t + 1, false, 0x100000 + std::uint64_t{t - 8} * 4096));
   }
   for (const replay_order order : {replay_order::seq, replay_order::thread}) {
     replay_options o;
