@@ -9,15 +9,11 @@
 #include <utility>
 
 #include "driver/driver.hpp"
+#include "gpumem/copy.hpp"
 #include "gpumem/current_resource.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem {
-namespace {
-
-CUdeviceptr address(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
-
-}  // namespace
 
 device_buffer::device_buffer(std::size_t bytes, stream_view stream, std::shared_ptr<memory_resource> mr) {
   init(bytes, stream, std::move(mr));
@@ -163,7 +159,7 @@ void device_buffer::copy(void* dst, const void* src, std::size_t bytes, stream_v
   if (bytes == 0) return;
   // The default-stream handles mean the current context's: make the buffer's device current.
   detail::device_context_guard guard(device_ >= 0 ? device_ : stream.device());
-  GPUMEM_CU(cuMemcpyAsync, address(dst), address(src), bytes, stream.handle());
+  gpumem::copy(dst, src, bytes, stream);
 }
 
 }  // namespace gpumem
