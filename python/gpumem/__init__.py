@@ -62,6 +62,43 @@ def set_current_resource(resource, device=None):
     return previous
 
 
+def _conf_text(conf, options):
+    parts = [conf or "default"]
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        parts.append(name if value is True else "%s=%s" % (name, value))
+    return ",".join(parts)
+
+
+def make_resource(conf=None, device=None, **options):
+    """The resource stack that `conf` describes in GPUMEM_CONF's grammar
+    (docs/configuration.md), on `device` (None: the current device). Keywords add options:
+    ``make_resource("pool", maximum="40%", stats=True)`` is ``"pool,maximum=40%,stats"``
+    (True: a flag; None or False: left out). `conf` None is ``"default"``."""
+    return _core.make_resource(_conf_text(conf, options), -1 if device is None else device)
+
+
+def describe_config(conf=None, **options):
+    """What make_resource would build, as text (``"stats(pool(cuda))"``), building nothing."""
+    return _core.describe_config(_conf_text(conf, options))
+
+
+def reinitialize(conf=None, devices=None, **options):
+    """Makes the stack that `conf` and the keywords describe (as make_resource) the current
+    resource of each device in `devices` (an ordinal, a list, or None: every device), as
+    GPUMEM_CONF does at start. The string is checked first: a bad one changes nothing.
+    Memory from the previous resources stays valid and goes back to them when freed."""
+    text = _conf_text(conf, options)
+    _core.describe_config(text)
+    if devices is None:
+        devices = range(device_count())
+    elif isinstance(devices, int):
+        devices = [devices]
+    for d in devices:
+        set_current_resource(_core.make_resource(text, d), d)
+
+
 __all__ = [
     "LEGACY_DEFAULT_STREAM",
     "PER_THREAD_DEFAULT_STREAM",
@@ -82,13 +119,16 @@ __all__ = [
     "cuda_driver_usable",
     "current_backend",
     "current_device",
+    "describe_config",
     "device_count",
     "device_memory_info",
     "device_name",
     "peers_of",
     "driver_version",
     "get_current_resource",
+    "make_resource",
     "memory_info",
+    "reinitialize",
     "select_backend",
     "set_current_device",
     "set_current_resource",

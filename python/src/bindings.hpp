@@ -47,5 +47,6 @@ void bind_resources(nb::module_& m);
 void bind_device_buffer(nb::module_& m);
 void bind_cupy_hook(nb::module_& m);
 void bind_ipc(nb::module_& m);
+void bind_config(nb::module_& m);
 
 }  // namespace gpumem::python

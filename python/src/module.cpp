@@ -20,4 +20,5 @@ NB_MODULE(_core, m) {
   gp::bind_device_buffer(m);
   gp::bind_cupy_hook(m);
   gp::bind_ipc(m);
+  gp::bind_config(m);
 }

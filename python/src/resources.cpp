@@ -281,7 +281,7 @@ void bind_resources(nb::module_& m) {
       [](std::optional<int> device) { return get_current_resource(device.value_or(-1)); },
       nb::arg("device") = nb::none(),
       "The resource `device`'s memory comes from when a caller names none (None: the current "
-      "device). Default: a PoolResource over a CudaResource, made on first use.");
+      "device). Default: what GPUMEM_CONF describes, else a VmmPoolResource, made on first use.");
   m.def(
       "set_current_resource",
       [](resource_ptr resource, std::optional<int> device) {
