@@ -3,6 +3,7 @@
 // memory_info, which says how much a device could still hand out through its
 // current resource.
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
+#include "gpumem/adaptors/limiting.hpp"
+#include "gpumem/adaptors/resource_adaptor.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/current_resource.hpp"
 #include "gpumem/device.hpp"
@@ -78,22 +81,34 @@ std::size_t trim_memory(Pool& p, nb::handle stream) {
 }
 
 // (free, total) of `device` as its current resource sees it: what the device has
-// free plus what the resource holds free. Resources that cannot say raise.
+// free plus what the resource holds free, through any adaptors over it (a limit
+// caps what is free at what it has left). Resources that cannot say raise.
 std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
   const int d = device ? *device : current_device();
   resource_ptr r = get_current_resource(d);
   nb::gil_scoped_release release;
   const gpumem::memory_info m = device_memory_info(d);
-  if (auto* pool = dynamic_cast<pool_resource*>(r.get())) {
-    return {m.free_bytes + pool->statistics().free_bytes, m.total_bytes};
+  std::size_t cap = std::numeric_limits<std::size_t>::max();
+  const memory_resource* base = r.get();
+  while (const auto* adaptor = dynamic_cast<const resource_adaptor*>(base)) {
+    if (const auto* limit = dynamic_cast<const limiting_adaptor*>(adaptor)) {
+      cap = std::min(cap, limit->limit_bytes() - std::min(limit->used_bytes(), limit->limit_bytes()));
+    }
+    base = &adaptor->upstream();
   }
-  if (auto* vmm = dynamic_cast<vmm_pool_resource*>(r.get())) {
+  std::size_t free = 0;
+  if (const auto* pool = dynamic_cast<const pool_resource*>(base)) {
+    free = m.free_bytes + pool->statistics().free_bytes;
+  } else if (const auto* vmm = dynamic_cast<const vmm_pool_resource*>(base)) {
     const vmm_pool_statistics st = vmm->statistics();
-    return {m.free_bytes + (st.mapped_bytes - std::min(st.used_bytes, st.mapped_bytes)), m.total_bytes};
+    free = m.free_bytes + (st.mapped_bytes - std::min(st.used_bytes, st.mapped_bytes));
+  } else if (dynamic_cast<const cuda_resource*>(base) != nullptr) {
+    free = m.free_bytes;
+  } else {
+    throw unsupported_error("gpumem.memory_info: the current resource of device " + std::to_string(d) +
+                            " cannot say how much of its memory is free");
   }
-  if (dynamic_cast<cuda_resource*>(r.get()) != nullptr) return {m.free_bytes, m.total_bytes};
-  throw unsupported_error("gpumem.memory_info: the current resource of device " + std::to_string(d) +
-                          " cannot say how much of its memory is free");
+  return {std::min(free, cap), m.total_bytes};
 }
 
 }  // namespace

@@ -44,3 +44,18 @@ def test_reinitialize_sets_every_device_and_a_bad_string_changes_nothing():
     finally:
         for d in range(len(before)):
             gpumem.set_current_resource(None, d)
+
+
+def test_memory_info_sees_through_adaptors_and_a_limit_caps_it():
+    previous = gpumem.get_current_resource(0)
+    try:
+        gpumem.set_current_resource(gpumem.make_resource("pool", 0, stats=True, track=True), 0)
+        free, total = gpumem.memory_info(0)
+        assert 0 < free <= total
+        gpumem.set_current_resource(gpumem.make_resource("vmm", 0, limit="64MiB", stats=True), 0)
+        buf = gpumem.DeviceBuffer(16 << 20, device=0)
+        free, total = gpumem.memory_info(0)
+        assert free == (64 << 20) - (16 << 20), free
+        del buf
+    finally:
+        gpumem.set_current_resource(previous, 0)
