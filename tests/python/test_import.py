@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from conftest import run_python
 
 
@@ -61,3 +63,15 @@ def test_version_matches_package_metadata():
     import gpumem
 
     assert gpumem.__version__ == version("gpumem")
+
+
+def test_the_package_is_typed():
+    import importlib.resources
+
+    root = importlib.resources.files("gpumem")
+    if not (root / "_core.pyi").is_file():
+        pytest.skip("gpumem is not installed from its wheel here (no stubs beside the extension)")
+    assert (root / "py.typed").is_file()
+    stubs = (root / "_core.pyi").read_text()
+    for name in ("class VmmPoolResource", "class DeviceBuffer", "def make_resource", "def peers_of"):
+        assert name in stubs, name
