@@ -26,6 +26,7 @@
 #include "gpumem/managed_resource.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "text.hpp"
 
 namespace gpumem {
 namespace {
@@ -155,19 +156,9 @@ std::optional<size_spec> parse_size(std::string_view text) {
     out.fraction = v / 100.0;
     return out;
   }
-  std::uint64_t n = 0;
-  auto r = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (r.ec != std::errc() || r.ptr == text.data()) return std::nullopt;
-  const std::string suffix = lower(trim(std::string_view(r.ptr, text.data() + text.size() - r.ptr)));
-  int shift = 0;
-  if (suffix.empty() || suffix == "b") shift = 0;
-  else if (suffix == "k" || suffix == "kib" || suffix == "kb") shift = 10;
-  else if (suffix == "m" || suffix == "mib" || suffix == "mb") shift = 20;
-  else if (suffix == "g" || suffix == "gib" || suffix == "gb") shift = 30;
-  else if (suffix == "t" || suffix == "tib" || suffix == "tb") shift = 40;
-  else return std::nullopt;
-  if (n == 0 || (shift > 0 && n > (std::uint64_t{1} << (63 - shift)))) return std::nullopt;
-  out.bytes = static_cast<std::size_t>(n << shift);
+  const std::optional<std::size_t> bytes = detail::parse_byte_size(text);
+  if (!bytes || *bytes == 0) return std::nullopt;
+  out.bytes = *bytes;
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gpumem/error.hpp"
+#include "text.hpp"
 
 namespace gpumem::detail::simulator {
 namespace {
@@ -17,17 +18,6 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
-}
-
-bool equals_ignoring_case(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
 }
 
 // The whole of `text` must be one unsigned decimal number.
@@ -63,30 +53,6 @@ std::optional<std::string_view> environment(const char* variable) {
 
 }  // namespace
 
-std::optional<std::size_t> parse_byte_size(std::string_view text) {
-  text = trim(text);
-  std::size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  if (digits == 0) return std::nullopt;
-  auto number = parse_unsigned<std::uint64_t>(text.substr(0, digits));
-  if (!number) return std::nullopt;
-  const std::string_view suffix = trim(text.substr(digits));
-
-  struct unit {
-    std::string_view short_name, long_name;
-    unsigned shift;
-  };
-  static constexpr unit units[] = {
-      {"", "", 0}, {"K", "KiB", 10}, {"M", "MiB", 20}, {"G", "GiB", 30}, {"T", "TiB", 40}};
-  for (const unit& u : units) {
-    if (equals_ignoring_case(suffix, u.short_name) || equals_ignoring_case(suffix, u.long_name)) {
-      if (*number > (std::numeric_limits<std::size_t>::max() >> u.shift)) return std::nullopt;
-      return static_cast<std::size_t>(*number) << u.shift;
-    }
-  }
-  return std::nullopt;
-}
-
 sim_config read_config_from_environment() {
   sim_config config;
   if (auto value = environment("GPUMEM_SIM_DEVICES")) {
@@ -97,7 +63,7 @@ sim_config read_config_from_environment() {
     config.device_count = static_cast<int>(*n);
   }
   if (auto value = environment("GPUMEM_SIM_MEMORY")) {
-    auto bytes = parse_byte_size(*value);
+    auto bytes = detail::parse_byte_size(*value);
     if (!bytes || *bytes == 0) {
       throw_malformed("GPUMEM_SIM_MEMORY", *value,
                       "a non-zero byte count such as 8589934592, 512M or 8GiB "

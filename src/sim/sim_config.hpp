@@ -24,8 +24,4 @@ inline constexpr int max_sim_devices = 64;
 // Throws gpumem::logic_error naming the variable and the value for a malformed one.
 sim_config read_config_from_environment();
 
-// "4096", "512M", "8GiB", "1 t": a byte count with an optional binary suffix
-// K/M/G/T or KiB/MiB/GiB/TiB (case-insensitive). nullopt if malformed or overflowing.
-std::optional<std::size_t> parse_byte_size(std::string_view text);
-
 }  // namespace gpumem::detail::simulator

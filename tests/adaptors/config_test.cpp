@@ -109,6 +109,14 @@ TEST(Config, PeersSaysWhichOtherDevicesMayUseThePool) {
   EXPECT_NO_THROW((void)make_resource_from_config("async,peers=all", 0));
 }
 
+// One parser for sizes with GPUMEM_SIM_MEMORY: "16GB" is 16 GiB in both.
+TEST(Config, SizesTakeTheSameUnitsAsTheSimulatorsMemory) {
+  for (const char* conf : {"pool,maximum=512MB", "pool,maximum=512M", "pool,maximum=512MiB", "pool,maximum=512 mib"}) {
+    EXPECT_NE(describe_config(conf).find("pool"), std::string::npos) << conf;
+  }
+  EXPECT_NE(error_of("pool,maximum=512XB").find("is not a size"), std::string::npos);
+}
+
 TEST(Config, TheDefaultBaseIsThePagedPoolWithABudget) {
   // GPUMEM_CONF=default,maximum=...: the stack a program gets unset, with a hard cap.
   auto r = make_resource_from_config("default,maximum=25%", 0);

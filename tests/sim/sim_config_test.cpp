@@ -101,6 +101,8 @@ TEST_F(sim_config_DeathTest, memory_sizes_accept_suffixes) {
 #if !defined(__SANITIZE_THREAD__)
   // Reserving 4 TiB per device is more address space than ThreadSanitizer's layout allows.
   expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "1tib"}}, [] { return total_memory(0) == std::size_t{1} << 40; });
+  // The same units as GPUMEM_CONF (one parser): KB/MB/GB/TB are powers of 1024 too.
+  expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "2GB"}}, [] { return total_memory(0) == std::size_t{2} << 30; });
 #endif
   expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "1000000"}}, [] { return total_memory(0) == 1000000; });
 }
