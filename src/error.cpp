@@ -7,6 +7,8 @@
 #include "text.hpp"
 
 namespace gpumem {
+
+error::~error() = default;  // the key function: one vtable and typeinfo, in the library
 namespace {
 
 std::string describe(CUresult result, const std::string& api, const std::string& where) {

@@ -6,7 +6,9 @@
 //  - ipc_error: sharing memory between processes failed for a reason other than a
 //    driver call (docs/ipc.md): memory that cannot be exported, malformed handle bytes,
 //    a descriptor that cannot be had, a device not visible here.
-// A resource that throws any of them stays usable.
+// A resource that throws any of them stays usable. All of them are also a
+// gpumem::error, so `catch (const gpumem::error& e)` takes every one, while each
+// keeps its standard base (std::runtime_error, std::bad_alloc, std::logic_error).
 #pragma once
 
 #include <cstddef>
@@ -20,10 +22,25 @@
 
 namespace gpumem {
 
-class GPUMEM_EXPORT cuda_error : public std::runtime_error {
+// The base every gpumem exception has beside its standard one: a mixin (no
+// std::exception of its own, so each keeps exactly one), with the message.
+class GPUMEM_EXPORT error {
+ public:
+  virtual ~error();
+  // The exception's message (its what()).
+  virtual const char* message() const noexcept = 0;
+
+ protected:
+  error() = default;
+  error(const error&) = default;
+  error& operator=(const error&) = default;
+};
+
+class GPUMEM_EXPORT cuda_error : public std::runtime_error, public error {
  public:
   cuda_error(CUresult result, std::string api, std::string file, int line);
   cuda_error(CUresult result, std::string api, std::string message);
+  const char* message() const noexcept override { return what(); }
 
   CUresult result() const noexcept { return result_; }
   const std::string& api() const noexcept { return api_; }
@@ -53,10 +70,11 @@ struct out_of_memory_info {
   std::string reason;                     // why, in words, and a hint where one helps
 };
 
-class GPUMEM_EXPORT out_of_memory : public std::bad_alloc {
+class GPUMEM_EXPORT out_of_memory : public std::bad_alloc, public error {
  public:
   explicit out_of_memory(out_of_memory_info info);
   const char* what() const noexcept override { return message_.c_str(); }
+  const char* message() const noexcept override { return message_.c_str(); }
   const out_of_memory_info& info() const noexcept { return info_; }
   std::size_t requested_bytes() const noexcept { return info_.requested_bytes; }
 
@@ -65,9 +83,10 @@ class GPUMEM_EXPORT out_of_memory : public std::bad_alloc {
   std::string message_;
 };
 
-class GPUMEM_EXPORT logic_error : public std::logic_error {
+class GPUMEM_EXPORT logic_error : public std::logic_error, public error {
  public:
   using std::logic_error::logic_error;
+  const char* message() const noexcept override { return what(); }
 };
 
 enum class ipc_errc {
@@ -79,10 +98,11 @@ enum class ipc_errc {
   peer_access_unavailable,  // the device asked to use imported memory cannot access its device
 };
 
-class GPUMEM_EXPORT ipc_error : public std::runtime_error {
+class GPUMEM_EXPORT ipc_error : public std::runtime_error, public error {
  public:
-  ipc_error(ipc_errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  ipc_error(ipc_errc code, const std::string& text) : std::runtime_error(text), code_(code) {}
   ipc_errc code() const noexcept { return code_; }
+  const char* message() const noexcept override { return what(); }
 
  private:
   ipc_errc code_;

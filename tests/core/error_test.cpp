@@ -2,11 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <new>
+#include <stdexcept>
 
 #include <string>
 
 #include "driver/driver.hpp"
 #include "gpumem/backend.hpp"
+#include "gpumem/cuda_resource.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem::test {
@@ -42,6 +45,40 @@ TEST(OutOfMemory, MessageSaysWhatWasAskedAndWhatIsFree) {
   EXPECT_NE(what.find("fragmented"), std::string::npos) << what;
   const std::bad_alloc& as_bad_alloc = e;
   EXPECT_STREQ(as_bad_alloc.what(), e.what());
+}
+
+// Every gpumem exception is a gpumem::error beside its standard base, with the same
+// message; thrown by the library, it is caught as either.
+TEST(Error, EveryGpumemExceptionIsAGpumemError) {
+  auto message_of = [](auto&& throw_it) -> std::string {
+    try {
+      throw_it();
+    } catch (const gpumem::error& e) {
+      return e.message();
+    }
+    return "not a gpumem::error";
+  };
+  EXPECT_EQ(message_of([] { throw gpumem::logic_error("bad size"); }), "bad size");
+  EXPECT_EQ(message_of([] { throw gpumem::ipc_error(gpumem::ipc_errc::malformed_handle, "bad bytes"); }), "bad bytes");
+  EXPECT_NE(message_of([] { throw gpumem::cuda_error(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc", "f.cpp", 1); })
+                .find("cuMemAlloc"),
+            std::string::npos);
+  EXPECT_NE(message_of([] {
+              gpumem::out_of_memory_info info;
+              info.requested_bytes = 4096;
+              throw gpumem::out_of_memory(info);
+            }).find("4096"),
+            std::string::npos);
+  // From the library: a zero-byte request, and still a std::logic_error too.
+  gpumem::cuda_resource mr(0);
+  EXPECT_NE(message_of([&] { (void)mr.allocate(0, gpumem::stream_view{}); }).find("0"), std::string::npos);
+  EXPECT_THROW((void)mr.allocate(0, gpumem::stream_view{}), std::logic_error);
+  try {
+    (void)mr.allocate(std::size_t{1} << 62, gpumem::stream_view{});
+    ADD_FAILURE() << "2^62 bytes allocated";
+  } catch (const gpumem::error& e) {
+    EXPECT_NE(dynamic_cast<const std::bad_alloc*>(&e), nullptr) << "out_of_memory is a std::bad_alloc too";
+  }
 }
 
 TEST(Backend, CannotChangeOnceInUse) {
