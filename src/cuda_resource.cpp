@@ -9,9 +9,10 @@
 #include <unordered_map>
 
 #include "driver/driver.hpp"
-#include "text.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "stream_device.hpp"
+#include "text.hpp"
 
 namespace gpumem {
 namespace {
@@ -69,27 +70,10 @@ resource_properties cuda_resource::properties() const noexcept {
           .thread_safe = true};
 }
 
-namespace {
-
-void check_stream_device(stream_view stream, int device, const char* where) {
-  if (stream.handle() == nullptr || stream.handle() == CU_STREAM_LEGACY ||
-      stream.handle() == CU_STREAM_PER_THREAD) {
-    return;  // the default streams of the (now current) resource's device
-  }
-  CUdevice dev{};
-  GPUMEM_CU(cuStreamGetDevice, stream.handle(), &dev);
-  if (static_cast<int>(dev) != device) {
-    throw logic_error(std::string(where) + ": the stream belongs to device " +
-                      std::to_string(dev) + ", the resource to device " + std::to_string(device));
-  }
-}
-
-}  // namespace
-
 void* cuda_resource::do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
   state& s = *state_;
   detail::device_context_guard guard(s.device);
-  check_stream_device(stream, s.device, "gpumem::cuda_resource::allocate");
+  detail::check_stream_device(stream, s.device, "gpumem::cuda_resource::allocate");
   const std::size_t padding = alignment > driver_alignment ? alignment - driver_alignment : 0;
   if (bytes > s.device_total_bytes || padding > s.device_total_bytes - bytes) {
     out_of_memory_info info{.requested_bytes = bytes, .device = s.device,
@@ -122,7 +106,7 @@ void cuda_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
                                   std::size_t /*alignment*/) {
   state& s = *state_;
   detail::device_context_guard guard(s.device);
-  check_stream_device(stream, s.device, "gpumem::cuda_resource::deallocate");
+  detail::check_stream_device(stream, s.device, "gpumem::cuda_resource::deallocate");
   CUdeviceptr base = 0;
   {
     std::lock_guard lock(s.mutex);

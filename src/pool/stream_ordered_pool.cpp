@@ -85,12 +85,7 @@ arena& stream_ordered_pool::create_arena(std::uintptr_t key, CUstream s, const c
   {
     // A stream of another device would order nothing useful: refuse it once, here.
     device_context_guard guard(device);
-    CUdevice dev{};
-    GPUMEM_CU(cuStreamGetDevice, normalized, &dev);
-    if (static_cast<int>(dev) != device) {
-      throw logic_error(std::string("gpumem::") + name + ": the stream belongs to device " + std::to_string(dev) +
-                        ", the pool to device " + std::to_string(device));
-    }
+    check_stream_device(normalized, device, (std::string("gpumem::") + name).c_str());
   }
   std::unique_lock lock(arenas_mutex);
   auto& slot = arenas[key];

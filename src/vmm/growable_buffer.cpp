@@ -14,6 +14,7 @@
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "stream_device.hpp"
 #include "vmm/virtual_memory.hpp"
 
 namespace gpumem {
@@ -76,13 +77,7 @@ growable_buffer::growable_buffer(int device, stream_view stream, growable_option
   check_stream(stream_);
 }
 
-void growable_buffer::check_stream(stream_view s) const {
-  if (s.handle() != nullptr && s.handle() != CU_STREAM_LEGACY && s.handle() != CU_STREAM_PER_THREAD &&
-      s.device() != device_) {
-    throw logic_error("growable_buffer: the stream belongs to device " + std::to_string(s.device()) +
-                      ", not to device " + std::to_string(device_));
-  }
-}
+void growable_buffer::check_stream(stream_view s) const { detail::check_stream_device(s, device_, "growable_buffer"); }
 
 growable_buffer::growable_buffer(std::size_t bytes, int device, stream_view stream, growable_options options)
     : growable_buffer(device, stream, std::move(options)) {
