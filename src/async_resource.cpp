@@ -18,9 +18,10 @@
 namespace gpumem {
 namespace {
 
-// What the driver's pool allocations are aligned to (as cuMemAlloc's); larger
-// alignments are made by over-allocating.
-constexpr std::size_t driver_alignment = 256;
+// The driver's allocations are aligned to default_alignment (cuMemAlloc's
+// documented 256 bytes, its pools' and managed memory's too); larger alignments
+// are made by over-allocating.
+constexpr std::size_t driver_alignment = default_alignment;
 
 std::string describe_bytes(std::size_t bytes) { return std::to_string(bytes) + " bytes"; }
 

@@ -17,8 +17,10 @@
 namespace gpumem {
 namespace {
 
-// cuMemAlloc's documented alignment; larger alignments are made by over-allocating.
-constexpr std::size_t driver_alignment = 256;
+// The driver's allocations are aligned to default_alignment (cuMemAlloc's
+// documented 256 bytes, its pools' and managed memory's too); larger alignments
+// are made by over-allocating.
+constexpr std::size_t driver_alignment = default_alignment;
 
 }  // namespace
 

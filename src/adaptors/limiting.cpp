@@ -10,7 +10,8 @@
 namespace gpumem {
 namespace {
 
-constexpr std::size_t granule = 256;
+// Bytes are counted in whole units of the alignment every resource gives at least.
+constexpr std::size_t granule = default_alignment;
 
 std::size_t counted(std::size_t bytes) noexcept { return (bytes + granule - 1) & ~(granule - 1); }
 
