@@ -3,7 +3,7 @@
 //
 // A pool refuses a stream under capture (pool_options::refuse_capture). To know,
 // it asks the driver (cuStreamIsCapturing) on every allocate and deallocate: about
-// 25-30 ns a call on an H100 host, as much as the pool's own work. With a watch,
+// as much as the pool's own work (docs/benchmarks.md). With a watch,
 // the pools that ask for it (pool_options::watch_captures) ask the driver only
 // while some capture is in progress somewhere in the process.
 //

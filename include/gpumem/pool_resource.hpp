@@ -51,12 +51,12 @@ struct pool_options {
   std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
   // Refuse allocate and deallocate on a stream being captured into a CUDA graph
   // (a logic_error; docs/pool.md, "CUDA graphs"). The check is one driver query per
-  // call on streams other than the legacy default (~28 ns on an H200). Turn it off
+  // call on streams other than the legacy default (docs/benchmarks.md). Turn it off
   // only where no stream the pool serves is ever captured.
   bool refuse_capture = true;
   // With refuse_capture: hold the process-wide capture watch (capture_watch.hpp)
   // and skip the query while no capture is in progress anywhere in the process
-  // (one load instead of ~25-30 ns). Where the watch cannot start (no libcupti, a
+  // (one load instead of the driver call). Where the watch cannot start (no libcupti, a
   // profiler holding CUPTI), the pool asks the driver as before.
   bool watch_captures = false;
 };

@@ -135,12 +135,11 @@ void growable_buffer::resize(std::size_t bytes) {
 // The buffer's addresses are one or more reservations back to back from base_.
 // The first one is large: growable_options::address_bytes, by default the device's
 // memory size, which no growth can exceed. Addresses cost nothing until mapped, and
-// a driver that ignores address hints (driver 580 on an H200 does) would otherwise
-// make every growth past the range a relocation: every handle mapped again and its
-// access set again (cuMemSetAccess costs 25-60 us per handle there) and the old
-// mappings unmapped: doubling from 2 MiB to 4 GiB relocated at every step, paying
-// for 66 remapped handles that mapping into one pre-reserved range never pays
-// for (W6 measured it at 1.13x of that range). Only while the process's buffers hold
+// a driver that ignores address hints (some do) would otherwise make every growth
+// past the range a relocation: every handle mapped again and its access set again
+// (the costly driver calls) and the old mappings unmapped: doubling from 2 MiB to
+// 4 GiB relocated at every step, paying for remapped handles that mapping into
+// one pre-reserved range never pays for (docs/benchmarks.md, W6). Only while the process's buffers hold
 // more than default_address_budget of addresses does a new buffer reserve just
 // what it needs, so that thousands of buffers cannot exhaust the address space
 // that every other allocation needs too.

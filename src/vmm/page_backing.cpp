@@ -37,8 +37,8 @@ namespace vm = detail::vmm;
 //
 // The pool asks the device for memory only when none of its own can move
 // there, and one stream takes from another that is still working only when
-// memory is short. Each move is a map and an access call (~27 us on an H100)
-// and, later, an alias unmap; so is each new page, plus a create. So a step
+// memory is short. Each move is a map and an access call (tens of microseconds:
+// docs/benchmarks.md) and, later, an alias unmap; so is each new page, plus a create. So a step
 // of a loop that needs a driver call is slow, whatever the call:
 //  - the slack buys new pages for places whose competition for the same pages
 //    would otherwise move them at every step: 1/16 of the peak, as the memory
