@@ -10,6 +10,7 @@
 #include <iterator>
 #include <limits>
 #include <new>
+#include <string>
 
 namespace gpumem::detail::simulator {
 namespace {
@@ -37,7 +38,7 @@ std::byte* reserve(std::size_t capacity, std::size_t& reserved) {
       return static_cast<std::byte*>(p);
     }
   }
-  throw std::bad_alloc();
+  throw host_reservation_failed("cannot reserve " + std::to_string(minimum) + " bytes of host address space");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 
 #include <cuda.h>
 
@@ -59,9 +60,16 @@ struct allocation {
   bool contains(CUdeviceptr p) const { return p >= base && p - base < size; }
 };
 
+// The host has no room for a simulated device's address range (mmap refused even
+// the smallest reservation): cuInit reports CUDA_ERROR_OUT_OF_MEMORY. Internal to
+// the simulator; never reaches a gpumem caller as such.
+struct host_reservation_failed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class device_address_space {
  public:
-  // Reserves the address range. Throws std::bad_alloc if the host has no room for it.
+  // Reserves the address range. Throws host_reservation_failed if the host has no room for it.
   device_address_space(int device, std::size_t capacity);
   ~device_address_space();
   device_address_space(const device_address_space&) = delete;

@@ -29,8 +29,10 @@ CUresult sim_state::initialize() {
     devices_ = std::move(devices);
     vmm = std::move(space);
     for (const auto& d : devices_) pools.add(&d->default_pool);
-  } catch (const std::bad_alloc&) {
+  } catch (const host_reservation_failed&) {
     return CUDA_ERROR_OUT_OF_MEMORY;  // nothing kept: a later cuInit may try again
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;  // the host's own memory, for the devices' bookkeeping
   }
   initialized_.store(true, std::memory_order_release);
   return CUDA_SUCCESS;

@@ -95,7 +95,7 @@ vmm_space::vmm_space(std::vector<device_address_space*> devices) : devices_(std:
     backings_.resize(devices_.size());
     return;
   }
-  throw std::bad_alloc();
+  throw host_reservation_failed("cannot reserve the virtual address range of the simulated devices");
 }
 
 vmm_space::~vmm_space() {

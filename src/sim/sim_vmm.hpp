@@ -51,7 +51,7 @@ class vmm_space {
   // 2 MiB: the granularity (minimum and recommended) of an H100's device memory.
   static constexpr std::size_t granularity = std::size_t{2} << 20;
 
-  // Reserves the address range. Throws std::bad_alloc if the host has no room.
+  // Reserves the address range. Throws host_reservation_failed if the host has no room.
   explicit vmm_space(std::vector<device_address_space*> devices);
   ~vmm_space();
   vmm_space(const vmm_space&) = delete;
