@@ -53,7 +53,9 @@ std::string find_browser() {
 std::string screenshot(const std::string& html, const std::string& png, int width, int height) {
   const std::string browser = find_browser();
   if (browser.empty()) {
-    return "no Chromium found for --png (install Debian's chromium, or set GPUMEM_CHROMIUM)";
+    return "no Chromium found for --png: install one (Debian/Ubuntu: sudo apt-get install chromium; "
+           "elsewhere Chrome or Chromium from your package manager) or set GPUMEM_CHROMIUM to its binary; "
+           "the HTML page was written and opens in any browser";
   }
   char profile_template[] = "/tmp/gpumem-report-chromium-XXXXXX";
   const char* profile = ::mkdtemp(profile_template);

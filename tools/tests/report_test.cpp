@@ -173,6 +173,13 @@ TEST(Report, BadArgumentsAndLogs) {
                                        " " + log.str() + " -o " + html.str() + " --png " + html.str() + ".png");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("wrote no screenshot"), std::string::npos) << r.output;
+  // No browser at all: it says how to get one, and the HTML page is there anyway.
+  temp_file html2("no-browser-2.html");
+  const command_result none = run_command("env -u GPUMEM_CHROMIUM PATH=/nonexistent " + tool_path(GPUMEM_REPORT_EXE) +
+                                          " " + log.str() + " -o " + html2.str() + " --png " + html2.str() + ".png");
+  EXPECT_EQ(none.status, 1);
+  EXPECT_NE(none.output.find("apt-get install chromium"), std::string::npos) << none.output;
+  EXPECT_TRUE(std::filesystem::exists(html2.str())) << "the HTML page is written before the screenshot";
 }
 
 // ---- the screenshot ----
