@@ -17,6 +17,8 @@
 // the simulator (no kernels, no link) or with one device.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -135,6 +137,16 @@ $L__BB1_3:
 }
 )ptx";
 
+// Frees from a destructor, which must not throw: a cell that is already failing
+// (a peer fault makes every later call fail) reports its first error, not this one.
+void free_quietly(memory_resource& mr, void* p, std::size_t bytes, stream_view s) noexcept {
+  try {
+    mr.deallocate(p, bytes, s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpumem-bench: W9: freeing %zu bytes failed: %s\n", bytes, e.what());
+  }
+}
+
 // How a row lets the peer device reach its memory.
 enum class peer_path { every_peer, vmm_peer_devices, pool_access, context_peer_access, none };
 
@@ -156,7 +168,7 @@ class touch_kernels {
     blocks_ = static_cast<unsigned>(std::max(sms, 1)) * blocks_per_sm;
     sink_ = static_cast<unsigned*>(sink_memory_.allocate(sizeof(unsigned), stream_view{}));
   }
-  ~touch_kernels() { sink_memory_.deallocate(sink_, sizeof(unsigned), stream_view{}); }
+  ~touch_kernels() { free_quietly(sink_memory_, sink_, sizeof(unsigned), stream_view{}); }
   touch_kernels(const touch_kernels&) = delete;
   touch_kernels& operator=(const touch_kernels&) = delete;
 
@@ -212,7 +224,7 @@ class context_peer_access {
 // A block from `mr` (on `owner`), freed on `st` when it goes.
 struct block {
   block(memory_resource& r, std::size_t n, stream& s) : mr(r), bytes(n), st(s), ptr(r.allocate(n, s)) {}
-  ~block() { mr.deallocate(ptr, bytes, st); }
+  ~block() { free_quietly(mr, ptr, bytes, st); }
   memory_resource& mr;
   std::size_t bytes;
   stream& st;
