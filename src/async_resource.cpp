@@ -119,6 +119,9 @@ async_resource::async_resource(int device, async_options options) : state_(std::
                           : CU_MEM_HANDLE_TYPE_NONE;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   props.location.id = s.device;
+  // A maximum at or past the device's memory is the whole device: the driver
+  // refuses a pool whose maxSize is far past it (CUDA_ERROR_OUT_OF_MEMORY).
+  if (options.maximum_bytes >= s.device_total_bytes) options.maximum_bytes = 0;
   props.maxSize = options.maximum_bytes;  // 0: the driver's default, the whole device
   {
     detail::device_context_guard guard(s.device);

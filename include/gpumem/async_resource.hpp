@@ -47,7 +47,8 @@ struct async_options {
   // device at the next stream, event or context synchronisation. Default: keep
   // everything (trim_to() gives memory back).
   std::size_t release_threshold_bytes = std::numeric_limits<std::size_t>::max();
-  // Most the pool may reserve; 0: as much as the device has.
+  // Most the pool may reserve; 0 (or anything at or past the device's memory):
+  // as much as the device has.
   std::size_t maximum_bytes = 0;
   async_reuse_policy reuse{};
   async_ipc_handle ipc = async_ipc_handle::none;

@@ -516,6 +516,9 @@ CUresult mem_pool_create(CUmemoryPool* pool, const CUmemPoolProps* props) {
         props->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
       return CUDA_ERROR_NOT_SUPPORTED;
     }
+    // The driver refuses a maxSize far past the device (2^50 bytes on an H100) with
+    // CUDA_ERROR_OUT_OF_MEMORY; the simulator refuses anything past its capacity.
+    if (props->maxSize > d->memory.capacity()) return CUDA_ERROR_OUT_OF_MEMORY;
     sim_pool* created = state.pools.create(std::make_unique<sim_pool>(
         d->memory, state.device_count(), false, props->handleTypes, props->maxSize));
     *pool = created->handle();
