@@ -3,7 +3,7 @@
 Importing gpumem loads its C++ library and nothing else: no CUDA call is made
 until memory, a stream or a device is first asked for, and numba, cupy and torch
 are imported only by the modules named after them (gpumem.numba, gpumem.cupy,
-gpumem.torch). See docs/python.md.
+gpumem.torch), Dask's distributed only by gpumem.dask. See docs/python.md.
 """
 
 from gpumem._core import (
@@ -99,6 +99,31 @@ def reinitialize(conf=None, devices=None, **options):
         set_current_resource(_core.make_resource(text, d), d)
 
 
+def stack_report(device=None, resource=None):
+    """What a resource stack has counted, as a dict: ``stack`` (its layers, as
+    describe_config writes them, e.g. ``"log(stats(limit(pool(log(cuda)))))"``), ``device``,
+    ``statistics`` (the outermost statistics adaptor's ``current_bytes``, ``peak_bytes``,
+    ``total_bytes``, ``current_count``, ``peak_count``, ``total_count``; None without
+    ``stats``), ``limit_bytes`` and ``limit_used_bytes`` (a ``limit``; None without),
+    ``used_bytes``, ``reserved_bytes`` and ``maximum_bytes`` (the base resource: what it hands
+    out, what it holds from the device, its budget or None), ``logs`` (the paths of its
+    event logs) and ``log_events``. Reads `resource`, or the current resource of `device`
+    (None: the current device). Nothing is allocated."""
+    if resource is None:
+        resource = get_current_resource(current_device() if device is None else device)
+    return _core._stack_report(resource)
+
+
+def flush_logs(device=None, resource=None):
+    """Writes every pending event of the event logs in a stack (`resource`, or the current
+    resource of `device`) to their files now, and returns their paths. Logs are otherwise
+    written as each thread's buffer fills, about once a second while a thread allocates,
+    and at exit (docs/observability.md)."""
+    if resource is None:
+        resource = get_current_resource(current_device() if device is None else device)
+    return _core._flush_logs(resource)
+
+
 __all__ = [
     "LEGACY_DEFAULT_STREAM",
     "PER_THREAD_DEFAULT_STREAM",
@@ -125,6 +150,7 @@ __all__ = [
     "device_name",
     "peers_of",
     "driver_version",
+    "flush_logs",
     "get_current_resource",
     "make_resource",
     "memory_info",
@@ -133,4 +159,5 @@ __all__ = [
     "set_current_device",
     "set_current_resource",
     "sim",
+    "stack_report",
 ]

@@ -3,10 +3,15 @@
 //   GpumemError(Exception)                          every error gpumem raises
 //   ├── CudaError(GpumemError, RuntimeError)        a driver call failed: .result, .error_name, .api
 //   │   └── DriverUnavailableError(CudaError)       no driver or GPU here (GPUMEM_BACKEND=sim helps)
-//   ├── OutOfMemoryError(GpumemError, MemoryError)  .requested_bytes, .device, .resource, ...
+//   ├── OutOfMemoryError(MemoryError, GpumemError)  .requested_bytes, .device, .resource, ...
 //   ├── LogicError(GpumemError, ValueError)         the caller misused the API
 //   └── UnsupportedError(GpumemError, NotImplementedError)
 //                                                   the backend or resource cannot do this
+//
+// MemoryError comes first among OutOfMemoryError's bases because it has a __new__ of its
+// own: `OutOfMemoryError.__new__` must then be MemoryError's, or code that rebuilds an
+// exception with `cls.__new__(cls, *args)` (tblib, which Dask uses to send a task's error
+// to the client) is refused ("MemoryError.__new__(OutOfMemoryError) is not safe").
 #include <string>
 
 #include "bindings.hpp"
@@ -104,7 +109,7 @@ void bind_errors(nb::module_& m) {
       m, "OutOfMemoryError",
       "A request could not be satisfied. Attributes: requested_bytes, device, resource, "
       "resource_held_bytes, device_free_bytes, device_total_bytes, reason.",
-      tuple({types.base, PyExc_MemoryError}));
+      tuple({PyExc_MemoryError, types.base}));
   types.logic = make_type(m, "LogicError",
                           "The caller misused the API: bad size, alignment, pointer, stream or device.",
                           tuple({types.base, PyExc_ValueError}));
