@@ -112,8 +112,25 @@ struct alignas(64) arena {
   // its free pages may go to others (src/vmm/page_backing.cpp).
   std::uint64_t frees_seen = 0;
   std::int64_t frees_seen_ns = 0;
+  // Paged pools: the most bytes this arena had in use when it needed pages (its
+  // own peak; Note [Pages, frugal first]).
+  std::size_t peak_used_bytes = 0;
+  // Threads of this arena's stream waiting for or holding the growth mutex: a
+  // stream that waits there frees nothing meanwhile and is not idle.
+  std::atomic<int> growth_waiters{0};
 
   bool is_fenced(const block* b) const noexcept { return b->free_epoch <= fenced_frees; }
+};
+
+// Counts a thread of `a` as waiting for (then holding) the growth mutex.
+struct growth_waiter {
+  explicit growth_waiter(arena& a) noexcept : a_(a) { a_.growth_waiters.fetch_add(1, std::memory_order_relaxed); }
+  ~growth_waiter() { a_.growth_waiters.fetch_sub(1, std::memory_order_relaxed); }
+  growth_waiter(const growth_waiter&) = delete;
+  growth_waiter& operator=(const growth_waiter&) = delete;
+
+ private:
+  arena& a_;
 };
 
 }  // namespace gpumem::detail

@@ -303,6 +303,7 @@ void* stream_ordered_pool::finish_unready(arena& a, block* b, bool growing) {
   if (growing) {
     ready = backing->make_ready(a, b);
   } else {
+    growth_waiter waiting(a);
     std::lock_guard lock(growth_mutex);
     ready = backing->make_ready(a, b);
   }
@@ -335,6 +336,7 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   // 3. and 4. run under growth_mutex: one thread at a time grows or gives memory
   // back, so no thread releases memory another has just grown and not yet carved,
   // and no thread fails against a maximum because another's growth is in flight.
+  growth_waiter waiting(a);
   std::lock_guard growing(growth_mutex);
   if (void* p = try_own(a, r, true)) return p;  // another thread may have grown or freed meanwhile
   // 3. More memory.
@@ -382,6 +384,7 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
     }
     throw_out_of_memory(bytes);
   }
+  growth_waiter waiting(a);
   std::lock_guard growing(growth_mutex);
   if (void* p = backing->allocate_slot(a, r, candidate)) return p;
   // Memory is short: make every free complete, and try once more.

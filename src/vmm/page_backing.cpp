@@ -20,7 +20,12 @@ namespace vm = detail::vmm;
 // slots) comes from, in order:
 //  0. the device, while the pool holds less than the peak of the bytes in use
 //     so far plus the slack: 1/16 of it, and two pages (below), and what Note
-//     [A time budget for moves] adds;
+//     [A time budget for moves] adds. Where streams work at once, "the peak" is
+//     the larger of the peak of their sum and the sum of their own peaks (idle
+//     streams count what they use; a stream waiting for the growth mutex is not
+//     idle): each stream holds its own peak, so one that peaks while another
+//     does not is not left to move its own free pages under its blocks at every
+//     step (docs/benchmarks.md, W3 and the default pool);
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
 //     their handle; the most recently freed first): its stream orders their reuse;
 //  2. idle streams' settled free pages (a stream that has freed nothing for
@@ -137,7 +142,7 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
   out.reserve(count);
   std::size_t created = 0;
   // 0. New pages within the slack.
-  const std::size_t slack_limit = peak_used + slack_bytes();
+  const std::size_t slack_limit = std::max(peak_used, busy_peaks) + slack_bytes();
   const std::size_t held = pool.reserved_bytes.load();
   if (held < slack_limit) created = create_pages(std::min(count, (slack_limit - held) / page), out);
   // 1. The arena's own free pages.
@@ -155,11 +160,7 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
     const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
-      if (s->frees != s->frees_seen) {
-        s->frees_seen = s->frees;
-        s->frees_seen_ns = now;
-      }
-      if (now - s->frees_seen_ns >= idle_ns) take_settled(s);
+      if (!is_busy(*s, now)) take_settled(s);
       if (out.size() == count) break;
     }
   }

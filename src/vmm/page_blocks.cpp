@@ -81,14 +81,25 @@ void vmm_pool_resource::impl::settle(arena& a) {
 }
 
 void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& others) {
+  a.peak_used_bytes = std::max(a.peak_used_bytes, a.used_bytes);
   std::size_t used = a.used_bytes;
+  std::size_t peaks = a.peak_used_bytes;
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   for (arena* s : others) {
     std::lock_guard lock(s->lock);
     used += s->used_bytes;
+    peaks += is_busy(*s, now) ? s->peak_used_bytes : s->used_bytes;
   }
-  if (used > peak_used) {
-    peak_used = used;
+  peak_used = std::max(peak_used, used);
+  busy_peaks = peaks;
+}
+
+bool vmm_pool_resource::impl::is_busy(arena& s, std::int64_t now) {
+  if (s.frees != s.frees_seen) {
+    s.frees_seen = s.frees;
+    s.frees_seen_ns = now;
   }
+  return now - s.frees_seen_ns < idle_ns || s.growth_waiters.load(std::memory_order_relaxed) > 0;
 }
 
 void vmm_pool_resource::impl::wait_settled(arena& a, std::uint64_t epoch) {

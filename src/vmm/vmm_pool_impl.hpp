@@ -97,8 +97,12 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   bool is_settled(const arena& a, std::uint64_t epoch) const noexcept { return epoch <= a.settled_frees; }
   // Waits (on the host) for a's work up to its free number `epoch`: its fence.
   void wait_settled(arena& a, std::uint64_t epoch);
-  // Updates peak_used with what every arena has in use now (a's lock held).
+  // Updates peak_used with what every arena has in use now, a's own peak, and
+  // busy_peaks (a's lock held).
   void note_peak(arena& a, const std::vector<arena*>& others);
+  // Whether `s` freed something within idle_ns of `now` or waits for the growth
+  // mutex (s's lock held).
+  static bool is_busy(arena& s, std::int64_t now);
   // Takes up to `count` ready whole pages out of the free blocks of `s` that
   // `accept` admits (the smallest blocks first), appending their handles to
   // `out`; their places become aliases. Returns how many.
@@ -146,6 +150,10 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // to others before the device is asked (Note [Pages, frugal first]).
   static constexpr std::int64_t idle_ns = 20'000'000;
   std::size_t peak_used = 0;       // the most bytes in use seen when pages were needed (growth mutex)
+  // At the last need: the busy arenas' own peaks plus what the idle ones use
+  // (growth mutex). At least what every arena uses; more when streams that work
+  // at once peak at different times (Note [Pages, frugal first]).
+  std::size_t busy_peaks = 0;
   std::uint64_t handles_made = 0;  // ranks (growth mutex)
 
   // Note [A time budget for moves] (page_backing.cpp); growth mutex.
