@@ -103,7 +103,7 @@ def main():
     parser.add_argument("--nprocs", type=int, default=2, help="ranks to spawn when not under torchrun")
     parser.add_argument("--share", type=float, default=0.9, help="fraction of each GPU for its ranks together")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--logs", default=".", help="folder of the per-rank logs")
+    parser.add_argument("--log-folder", dest="logs", default=".", help="folder of the per-rank logs")
     parser.add_argument("--port", type=int, default=29533, help="rendezvous port for --nprocs")
     args = parser.parse_args()
     try:

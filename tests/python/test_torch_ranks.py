@@ -50,7 +50,7 @@ def test_two_ranks_on_one_gpu_with_torch_multiprocessing(tmp_path):
     pytest.importorskip("torch")
     logs = str(tmp_path)
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--nprocs", "2", "--logs", logs, "--port", str(_free_port())],
+        [sys.executable, SCRIPT, "--nprocs", "2", "--log-folder", logs, "--port", str(_free_port())],
         capture_output=True,
         text=True,
         timeout=300,
@@ -72,7 +72,7 @@ def test_two_ranks_on_one_gpu_with_torchrun(tmp_path):
             "--master-port",
             str(_free_port()),
             SCRIPT,
-            "--logs",
+            "--log-folder",
             logs,
         ],
         capture_output=True,
