@@ -173,10 +173,13 @@ class threads_workload final : public workload {
     for (std::size_t threads : thread_counts) {
       // With a cell budget, a thread count whose warm-up and one repetition would
       // not fit, judged by the last count's throughput, is not run at all.
-      if (ctx.opts.cell_budget_seconds > 0 && !out.empty() &&
-          out.back().status == cell_status::ok && out.back().median() > 0) {
+      // The last count measured judges (a skipped one says nothing).
+      const auto measured = std::find_if(out.rbegin(), out.rend(), [](const cell& c) {
+        return c.status == cell_status::ok && c.median() > 0;
+      });
+      if (ctx.opts.cell_budget_seconds > 0 && measured != out.rend()) {
         const double ops = static_cast<double>(threads * ops_per_thread(ctx.opts));
-        const double estimate = ops / (out.back().median() * 1e6);
+        const double estimate = ops / (measured->median() * 1e6);
         if (2 * estimate > ctx.opts.cell_budget_seconds) {
           out.push_back(skipped_cell("about " + format_figure(estimate) +
                                      " s a repetition, judged by the fewer threads' figure: over "

@@ -28,25 +28,30 @@ constexpr std::size_t block_bytes = 64 * mib;
 
 using clock_type = std::chrono::steady_clock;
 
-// The largest whole number of MiB, up to `limit_mib`, that `mr` can allocate
-// now: bisection, each probe freed at once and the stream synchronized, so the
-// state probed stays the same and no probe meets the last one's free in flight.
-// `probes` counts the allocations tried.
-std::size_t largest_mib(memory_resource& mr, stream& st, std::size_t limit_mib,
+// The largest multiple of `grain_mib` MiB, up to `limit_mib`, that `mr` can
+// allocate now: bisection, each probe freed at once and the stream synchronized,
+// so the state probed stays the same and no probe meets the last one's free in
+// flight. `probes` counts the allocations tried. Returns MiB.
+std::size_t largest_mib(memory_resource& mr, stream& st, std::size_t limit_mib, std::size_t grain_mib,
                         std::uint64_t& probes) {
-  std::size_t fits = 0, fails = limit_mib + 1;  // fits succeeds (0: trivially), fails does not
+  std::size_t fits = 0, fails = limit_mib / grain_mib + 1;  // in grains: fits succeeds (0: trivially), fails does not
   while (fails - fits > 1) {
     const std::size_t mid = fits + (fails - fits) / 2;
+    const std::size_t bytes = mid * grain_mib * mib;
     ++probes;
     const bool ok = !out_of_memory_from([&] {
-      void* p = mr.allocate(mid * mib, st);
-      mr.deallocate(p, mid * mib, st);
+      void* p = mr.allocate(bytes, st);
+      mr.deallocate(p, bytes, st);
       st.synchronize();
     });
     (ok ? fits : fails) = mid;
   }
-  return fits;
+  return fits * grain_mib;
 }
+
+// The quick run bisects over 64 MiB steps (10 probes on an 80 GB device, not 16):
+// each probe of a paged pool maps tens of thousands of pages.
+std::size_t search_grain_mib(const options& opts) { return opts.quick ? 64 : 1; }
 
 // The driver's floor for the handles under [p, p + bytes): the time to map them
 // again at fresh addresses and make that range accessible (one cuMemMap per
@@ -177,8 +182,9 @@ class fragmentation_workload final : public workload {
 
         cell largest;
         const std::size_t free_bytes = total - live;
-        const std::size_t found = largest_mib(mr, st, free_bytes / mib, largest.iterations);
-        largest.reps = {static_cast<double>(found * mib) / static_cast<double>(free_bytes)};
+        const std::size_t found =
+            largest_mib(mr, st, free_bytes / mib, search_grain_mib(ctx.opts), largest.iterations) * mib;
+        largest.reps = {static_cast<double>(found) / static_cast<double>(free_bytes)};
 
         while (!blocks.empty()) {
           mr.deallocate(blocks.back(), block_bytes, st);
@@ -203,7 +209,8 @@ class fragmentation_workload final : public workload {
     return {
         "set-up: 64 MiB blocks until 90% of total memory is held, then every other one "
         "freed (live: those still held) and the stream synchronized",
-        "largest: bisection over whole MiB up to total - live, each probe freed at once",
+        "largest: bisection over whole MiB (64 MiB steps with --quick) up to total - live, each probe "
+        "freed at once",
         "access floor: the 25% request's own handles mapped again at fresh addresses, one "
         "cuMemMap each and one cuMemSetAccess over the range: the least the driver charges to "
         "map them"};

@@ -364,6 +364,13 @@ class replay_workload final : public workload {
       memory.reps = {first.peak_live_bytes > 0
                          ? static_cast<double>(peak_reserved) / static_cast<double>(first.peak_live_bytes)
                          : 0.0};
+      // The device's free memory can only show memory that is resident: managed
+      // memory untouched by the replay is not, and a ratio far below 1 is then no
+      // measure of the row (the floor is 1).
+      if (2 * peak_reserved < first.peak_live_bytes) {
+        memory = skipped_cell("the device's free memory did not fall with this row's allocations (memory "
+                              "not resident until touched, as managed memory): not measurable here");
+      }
       const std::vector<double> xs = bucket_x(live_curve.size(), max_curve_points);
       memory.curves.push_back({"reserved", xs, bucket_max(reserved_curve, max_curve_points)});
       memory.curves.push_back({"live", xs, bucket_max(live_curve, max_curve_points)});
