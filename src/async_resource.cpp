@@ -2,6 +2,7 @@
 // allocator on a pool this resource owns or wraps, with a record of live
 // allocations for the contract's pointer checks.
 #include "gpumem/async_resource.hpp"
+#include "gpumem/ipc.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -319,6 +320,38 @@ void async_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view str
     s.live.insert(ptr, e);  // still the caller's: the resource stays consistent
     detail::check(r, "cuMemFreeAsync", __FILE__, __LINE__);
   }
+}
+
+
+std::optional<std::size_t> async_resource::available_bytes() const {
+  const async_statistics st = statistics();
+  return device_memory_info(state_->device).free_bytes + (st.reserved_bytes - std::min(st.used_bytes, st.reserved_bytes));
+}
+
+std::size_t async_resource::release_free_memory() {
+  const std::size_t before = statistics().reserved_bytes;
+  {
+    // Frees still in flight keep their memory in the pool: wait for them first.
+    detail::device_context_guard guard(state_->device);
+    GPUMEM_CU(cuCtxSynchronize);
+  }
+  trim_to(0);
+  const std::size_t after = statistics().reserved_bytes;
+  return before - std::min(before, after);
+}
+
+ipc_export_route async_resource::ipc_route(const void*, std::size_t) const {
+  ipc_export_route route;
+  if (ipc_handle() != async_ipc_handle::posix_file_descriptor) {
+    route.how = ipc_export_route::way::refused;
+    route.refusal = "this async_resource's pool is not shareable; construct it with async_options::ipc = "
+                    "async_ipc_handle::posix_file_descriptor (the device's default pool cannot be shared)";
+    return route;
+  }
+  route.how = ipc_export_route::way::driver_pool;
+  route.pool = pool_handle();
+  route.device = device();
+  return route;
 }
 
 }  // namespace gpumem

@@ -130,4 +130,9 @@ void cuda_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
   GPUMEM_CU(cuMemFree, base);
 }
 
+
+std::optional<std::size_t> cuda_resource::available_bytes() const {
+  return device_memory_info(state_->device).free_bytes;
+}
+
 }  // namespace gpumem

@@ -1,6 +1,8 @@
 // managed_resource (include/gpumem/managed_resource.hpp): cuMemAllocManaged /
 // cuMemFree with a record of live allocations.
 #include "gpumem/managed_resource.hpp"
+#include "ipc/shareable.hpp"
+#include "gpumem/ipc.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -117,6 +119,15 @@ void managed_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view s
     s.live.insert(ptr, e);
     detail::check(r, "cuMemFree", __FILE__, __LINE__);
   }
+}
+
+
+ipc_export_route managed_resource::ipc_route(const void*, std::size_t) const {
+  ipc_export_route route;
+  route.how = ipc_export_route::way::refused;
+  route.refusal = std::string("managed memory (managed_resource) cannot be shared between processes; "
+                              "allocate what you share from ") + detail::shareable_resources;
+  return route;
 }
 
 }  // namespace gpumem

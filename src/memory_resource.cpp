@@ -8,6 +8,7 @@
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/ipc.hpp"
 
 namespace gpumem {
 namespace {
@@ -76,5 +77,12 @@ void memory_resource::deallocate_sync(void* ptr, std::size_t bytes, std::size_t 
   detail::device_context_guard guard(device);
   deallocate(ptr, bytes, stream_view::legacy_default(), alignment);
 }
+
+// The capabilities' defaults: a resource that declares none (memory_resource.hpp).
+std::optional<std::size_t> memory_resource::available_bytes() const { return std::nullopt; }
+
+std::size_t memory_resource::release_free_memory() { return 0; }
+
+ipc_export_route memory_resource::ipc_route(const void*, std::size_t) const { return {}; }
 
 }  // namespace gpumem

@@ -1,6 +1,7 @@
 // pinned_host_resource (include/gpumem/pinned_host_resource.hpp): cuMemHostAlloc
 // / cuMemFreeHost with a record of live allocations.
 #include "gpumem/pinned_host_resource.hpp"
+#include "gpumem/ipc.hpp"
 
 #include <unistd.h>
 
@@ -156,6 +157,15 @@ void pinned_host_resource::do_deallocate(void* ptr, std::size_t bytes, stream_vi
     s.live.insert(ptr, e);
     detail::check(r, "cuMemFreeHost", __FILE__, __LINE__);
   }
+}
+
+
+ipc_export_route pinned_host_resource::ipc_route(const void*, std::size_t) const {
+  ipc_export_route route;
+  route.how = ipc_export_route::way::refused;
+  route.refusal = "host memory (pinned_host_resource) cannot be shared through CUDA IPC; share host memory with "
+                  "the operating system (a memfd or shm_open) and register it in each process";
+  return route;
 }
 
 }  // namespace gpumem

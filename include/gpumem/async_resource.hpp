@@ -112,6 +112,10 @@ class GPUMEM_EXPORT async_resource final : public memory_resource {
   pool_access access_from(int device) const;
 
   resource_properties properties() const noexcept override;
+  std::string_view layer_name() const noexcept override { return "async"; }
+  std::optional<std::size_t> available_bytes() const override;  // the device's free memory and the pool's
+  std::size_t release_free_memory() override;                     // trim_to(0) after the device's work
+  ipc_export_route ipc_route(const void* ptr, std::size_t bytes) const override;  // its pool, when shareable
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;

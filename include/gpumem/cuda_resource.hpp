@@ -27,6 +27,8 @@ class GPUMEM_EXPORT cuda_resource final : public memory_resource {
   std::size_t allocation_count() const noexcept;
 
   resource_properties properties() const noexcept override;
+  std::string_view layer_name() const noexcept override { return "cuda"; }
+  std::optional<std::size_t> available_bytes() const override;  // the device's free memory
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;

@@ -22,8 +22,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include <cuda.h>
 #include <sys/types.h>
 
 #include "gpumem/export.hpp"
@@ -33,6 +36,22 @@ namespace gpumem {
 class memory_resource;
 
 enum class ipc_kind : std::uint8_t { legacy = 1, pool = 2, vmm = 3 };
+
+// How a resource's memory is exported (memory_resource::ipc_route, a capability
+// that adaptors forward): export_allocation(mr, ...) follows it.
+struct ipc_export_route {
+  enum class way {
+    ask_the_driver,  // the pointer is asked about: cuMemAlloc memory, a driver pool's, mapped pages
+    refused,         // this memory cannot be shared: `refusal` says why and what to use
+    driver_pool,     // a shareable driver pool's memory: `pool` on `device`
+    pages,           // virtual-memory pages: `pieces` (address, bytes), each one whole handle
+  };
+  way how = way::ask_the_driver;
+  std::string refusal;
+  CUmemoryPool pool = nullptr;
+  int device = -1;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> pieces;
+};
 
 namespace detail {
 struct ipc_access;

@@ -36,6 +36,8 @@ class GPUMEM_EXPORT managed_resource final : public memory_resource {
   std::size_t allocation_count() const noexcept;
 
   resource_properties properties() const noexcept override;
+  std::string_view layer_name() const noexcept override { return "managed"; }
+  ipc_export_route ipc_route(const void* ptr, std::size_t bytes) const override;  // refused
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string_view>
 
 #include "gpumem/export.hpp"
 #include "gpumem/stream.hpp"
@@ -21,6 +23,8 @@ namespace gpumem {
 
 // 256 bytes: what cuMemAlloc guarantees, and what CUDA's vector loads need.
 inline constexpr std::size_t default_alignment = 256;
+
+struct ipc_export_route;  // gpumem/ipc.hpp
 
 struct resource_properties {
   int device = -1;               // device whose memory it hands out; -1 for host memory
@@ -52,6 +56,29 @@ class GPUMEM_EXPORT memory_resource {
   }
 
   virtual resource_properties properties() const noexcept = 0;
+
+  // ---- Capabilities: what a resource can do beyond the contract ----
+  // A resource declares one by overriding it; resource_adaptor forwards each to
+  // its upstream, and an adaptor that changes one says so (limiting_adaptor caps
+  // available_bytes). So a caller asks the stack it holds, whatever is in it,
+  // and never switches on concrete types (docs/architecture.md, "Capabilities").
+
+  // Bytes this resource could hand out now: the device's free memory plus what
+  // it holds free, within its caps. nullopt: it cannot say (the default).
+  virtual std::optional<std::size_t> available_bytes() const;
+  // Gives every free byte it holds back to the device, waiting for the device
+  // once where frees are still in flight (as torch.cuda.empty_cache does).
+  // Returns bytes; 0 where it holds none (the default).
+  virtual std::size_t release_free_memory();
+  // How [ptr, ptr + bytes) of its memory is shared with another process
+  // (gpumem/ipc.hpp: export_allocation). The default: the driver is asked about
+  // the pointer itself (memory from cuMemAlloc or a sub-allocating pool over it).
+  virtual ipc_export_route ipc_route(const void* ptr, std::size_t bytes) const;
+  // What this layer is, in GPUMEM_CONF's words ("pool", "vmm", "stats", ...;
+  // "resource" for one that has none), and the layer under it (adaptors: their
+  // upstream; null for a base resource).
+  virtual std::string_view layer_name() const noexcept { return "resource"; }
+  virtual const memory_resource* next_layer() const noexcept { return nullptr; }
 
  protected:
   // Preconditions already checked: bytes > 0, alignment a power of two,

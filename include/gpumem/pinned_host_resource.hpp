@@ -49,6 +49,8 @@ class GPUMEM_EXPORT pinned_host_resource final : public memory_resource {
   // device -1 (host memory); device_accessible when device work can reach it
   // (through device_pointer()); host-accessible; thread-safe.
   resource_properties properties() const noexcept override;
+  std::string_view layer_name() const noexcept override { return "pinned_host"; }
+  ipc_export_route ipc_route(const void* ptr, std::size_t bytes) const override;  // refused
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;

@@ -95,6 +95,10 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
   const pool_options& options() const noexcept;
   memory_resource& upstream() const noexcept;
   resource_properties properties() const noexcept override;
+  std::string_view layer_name() const noexcept override { return "pool"; }
+  const memory_resource* next_layer() const noexcept override { return &upstream(); }
+  std::optional<std::size_t> available_bytes() const override;  // the device's free memory and the pool's
+  std::size_t release_free_memory() override;                     // release()
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;

@@ -124,6 +124,10 @@ class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
   // The page size in use (options().page_bytes, or the device's granularity).
   std::size_t page_bytes() const noexcept;
   resource_properties properties() const noexcept override;
+  std::string_view layer_name() const noexcept override { return "vmm"; }
+  std::optional<std::size_t> available_bytes() const override;  // the device's free memory and the pool's free pages
+  std::size_t release_free_memory() override;                     // release()
+  ipc_export_route ipc_route(const void* ptr, std::size_t bytes) const override;  // its pages, when shareable
 
  private:
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;

@@ -39,22 +39,6 @@ struct stack_view {
   std::vector<std::shared_ptr<event_log>> logs;  // each log once, outermost first
 };
 
-std::string layer_name(const memory_resource& r) {
-  if (dynamic_cast<const logging_adaptor*>(&r)) return "log";
-  if (dynamic_cast<const statistics_adaptor*>(&r)) return "stats";
-  if (dynamic_cast<const tracking_adaptor*>(&r)) return "track";
-  if (dynamic_cast<const deferred_free_adaptor*>(&r)) return "defer";
-  if (dynamic_cast<const limiting_adaptor*>(&r)) return "limit";
-  if (dynamic_cast<const oom_retry_adaptor*>(&r)) return "oom_retry";
-  if (dynamic_cast<const thread_safe_adaptor*>(&r)) return "thread_safe";
-  if (dynamic_cast<const pool_resource*>(&r)) return "pool";
-  if (dynamic_cast<const vmm_pool_resource*>(&r)) return "vmm";
-  if (dynamic_cast<const async_resource*>(&r)) return "async";
-  if (dynamic_cast<const cuda_resource*>(&r)) return "cuda";
-  if (dynamic_cast<const managed_resource*>(&r)) return "managed";
-  return dynamic_cast<const resource_adaptor*>(&r) ? "adaptor" : "resource";
-}
-
 void add_log(stack_view& v, const std::shared_ptr<event_log>& log) {
   for (const auto& l : v.logs) {
     if (l == log) return;
@@ -62,15 +46,16 @@ void add_log(stack_view& v, const std::shared_ptr<event_log>& log) {
   v.logs.push_back(log);
 }
 
-// Walks adaptors, then a pool's upstream, down to the resource that takes memory
-// from the driver. The first resource that is not an adaptor or a pool is the base
-// whose figures are reported (a pool's upstream adds only its log and its name).
+// Walks the layers (memory_resource::next_layer: adaptors, then a pool's
+// upstream) down to the resource that takes memory from the driver. The first
+// layer that is not an adaptor is the base whose figures are reported (a pool's
+// upstream adds only its log and its name). Reading each layer's own figures
+// (counters, a limit, a pool's statistics) needs its type; the walk does not.
 stack_view walk(const memory_resource& top) {
   stack_view v;
   bool base_seen = false;
-  for (const memory_resource* r = &top; r != nullptr;) {
-    v.layers.push_back(layer_name(*r));
-    const memory_resource* next = nullptr;
+  for (const memory_resource* r = &top; r != nullptr; r = r->next_layer()) {
+    v.layers.emplace_back(r->layer_name());
     if (const auto* a = dynamic_cast<const resource_adaptor*>(r)) {
       if (const auto* log = dynamic_cast<const logging_adaptor*>(a)) add_log(v, log->log());
       if (const auto* st = dynamic_cast<const statistics_adaptor*>(a); st && !v.counters && !base_seen) {
@@ -80,16 +65,14 @@ stack_view walk(const memory_resource& top) {
         v.limit_bytes = lim->limit_bytes();
         v.limit_used_bytes = lim->used_bytes();
       }
-      next = &a->upstream();
     } else if (base_seen) {
-      next = nullptr;
+      continue;  // under the base: only logs and names
     } else if (const auto* pool = dynamic_cast<const pool_resource*>(r)) {
       const pool_statistics s = pool->statistics();
       v.used_bytes = s.used_bytes;
       v.reserved_bytes = s.reserved_bytes;
       if (pool->options().maximum_bytes != 0) v.maximum_bytes = pool->options().maximum_bytes;
       base_seen = true;
-      next = &pool->upstream();
     } else if (const auto* vmm = dynamic_cast<const vmm_pool_resource*>(r)) {
       const vmm_pool_statistics s = vmm->statistics();
       v.used_bytes = s.used_bytes;
@@ -107,8 +90,9 @@ stack_view walk(const memory_resource& top) {
     } else if (const auto* ma = dynamic_cast<const managed_resource*>(r)) {
       v.used_bytes = v.reserved_bytes = ma->allocated_bytes();
       base_seen = true;
+    } else {
+      base_seen = true;  // a resource without figures here
     }
-    r = next;
   }
   return v;
 }

@@ -87,28 +87,14 @@ std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
   const int d = device ? *device : current_device();
   resource_ptr r = get_current_resource(d);
   nb::gil_scoped_release release;
-  const gpumem::memory_info m = device_memory_info(d);
-  std::size_t cap = std::numeric_limits<std::size_t>::max();
-  const memory_resource* base = r.get();
-  while (const auto* adaptor = dynamic_cast<const resource_adaptor*>(base)) {
-    if (const auto* limit = dynamic_cast<const limiting_adaptor*>(adaptor)) {
-      cap = std::min(cap, limit->limit_bytes() - std::min(limit->used_bytes(), limit->limit_bytes()));
-    }
-    base = &adaptor->upstream();
-  }
-  std::size_t free = 0;
-  if (const auto* pool = dynamic_cast<const pool_resource*>(base)) {
-    free = m.free_bytes + pool->statistics().free_bytes;
-  } else if (const auto* vmm = dynamic_cast<const vmm_pool_resource*>(base)) {
-    const vmm_pool_statistics st = vmm->statistics();
-    free = m.free_bytes + (st.mapped_bytes - std::min(st.used_bytes, st.mapped_bytes));
-  } else if (dynamic_cast<const cuda_resource*>(base) != nullptr) {
-    free = m.free_bytes;
-  } else {
+  const std::size_t total = device_memory_info(d).total_bytes;
+  // A capability the stack answers (memory_resource::available_bytes).
+  const std::optional<std::size_t> available = r->available_bytes();
+  if (!available) {
     throw unsupported_error("gpumem.memory_info: the current resource of device " + std::to_string(d) +
                             " cannot say how much of its memory is free");
   }
-  return {std::min(free, cap), m.total_bytes};
+  return {*available, total};
 }
 
 }  // namespace

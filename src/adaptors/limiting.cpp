@@ -2,6 +2,7 @@
 // cap first, then ask the upstream, and give the reservation back if it fails.
 #include "gpumem/adaptors/limiting.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "text.hpp"
@@ -55,6 +56,14 @@ void limiting_adaptor::do_deallocate(void* ptr, std::size_t bytes, stream_view s
                                      std::size_t alignment) {
   upstream_deallocate(ptr, bytes, stream, alignment);  // a rejected pointer changes nothing
   used_.fetch_sub(counted(bytes), std::memory_order_relaxed);
+}
+
+std::optional<std::size_t> limiting_adaptor::available_bytes() const {
+  const std::size_t used = used_bytes();
+  const std::size_t left = limit_bytes_ - std::min(used, limit_bytes_);
+  const std::optional<std::size_t> upstream_has = upstream().available_bytes();
+  if (!upstream_has) return std::nullopt;  // the device may have less than the limit leaves
+  return std::min(*upstream_has, left);
 }
 
 }  // namespace gpumem

@@ -7,12 +7,9 @@
 #include <vector>
 
 #include "driver/driver.hpp"
-#include "gpumem/async_resource.hpp"
-#include "gpumem/managed_resource.hpp"
 #include "gpumem/memory_resource.hpp"
-#include "gpumem/pinned_host_resource.hpp"
-#include "gpumem/vmm_pool_resource.hpp"
 #include "ipc/ipc_access.hpp"
+#include "ipc/shareable.hpp"
 #include "text.hpp"
 
 namespace gpumem {
@@ -35,9 +32,7 @@ namespace {
 using detail::ipc_access;
 using detail::throw_ipc;
 
-constexpr const char* shareable_resources =
-    "cuda_resource, pool_resource over cuda_resource, async_resource with async_options::ipc = "
-    "async_ipc_handle::posix_file_descriptor, or vmm_pool_resource with posix_fd_shareable = true";
+using detail::shareable_resources;
 
 [[noreturn]] void not_exportable(const void* ptr, const std::string& why) {
   throw_ipc(ipc_errc::not_exportable,
@@ -197,33 +192,21 @@ ipc_handle export_allocation(const void* ptr, std::size_t bytes) {
 
 ipc_handle export_allocation(const memory_resource& mr, const void* ptr, std::size_t bytes) {
   if (ptr == nullptr || bytes == 0) throw logic_error("gpumem::export_allocation: a null pointer or 0 bytes");
-  if (dynamic_cast<const managed_resource*>(&mr) != nullptr) {
-    not_exportable(ptr, std::string("managed memory (managed_resource) cannot be shared between processes; "
-                                    "allocate what you share from ") + shareable_resources);
-  }
-  if (dynamic_cast<const pinned_host_resource*>(&mr) != nullptr) {
-    not_exportable(ptr, "host memory (pinned_host_resource) cannot be shared through CUDA IPC; share host "
-                        "memory with the operating system (a memfd or shm_open) and register it in each process");
-  }
-  if (const auto* async = dynamic_cast<const async_resource*>(&mr)) {
-    if (async->ipc_handle() != async_ipc_handle::posix_file_descriptor) {
-      not_exportable(ptr, "this async_resource's pool is not shareable; construct it with async_options::ipc = "
-                          "async_ipc_handle::posix_file_descriptor (the device's default pool cannot be shared)");
+  // The stack says how (memory_resource::ipc_route, forwarded by adaptors).
+  const ipc_export_route route = mr.ipc_route(ptr, bytes);
+  switch (route.how) {
+    case ipc_export_route::way::refused:
+      not_exportable(ptr, route.refusal);
+    case ipc_export_route::way::driver_pool:
+      return export_pool(ptr, bytes, route.device, route.pool);
+    case ipc_export_route::way::pages: {
+      std::vector<piece_range> pieces;
+      for (const auto& [address, piece_bytes] : route.pieces) pieces.push_back({address, piece_bytes});
+      const detail::device_context_guard guard(route.device);
+      return export_vmm(ptr, bytes, route.device, pieces);
     }
-    return export_pool(ptr, bytes, async->device(), async->pool_handle());
-  }
-  if (const auto* vmm = dynamic_cast<const vmm_pool_resource*>(&mr)) {
-    if (!vmm->options().posix_fd_shareable) {
-      not_exportable(ptr, "this vmm_pool_resource's memory is not shareable; construct it with "
-                          "vmm_pool_options::posix_fd_shareable = true");
-    }
-    std::vector<piece_range> pieces;
-    for (const auto& piece : vmm->physical_pieces(ptr, bytes)) pieces.push_back({piece.address, piece.bytes});
-    CUresult r = CUDA_SUCCESS;
-    const int device = pointer_attribute<int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr, &r);
-    detail::check(r, "cuPointerGetAttribute", __FILE__, __LINE__);
-    const detail::device_context_guard guard(device);
-    return export_vmm(ptr, bytes, device, pieces);
+    case ipc_export_route::way::ask_the_driver:
+      break;
   }
   return export_allocation(ptr, bytes);
 }

@@ -3,6 +3,7 @@
 // work; this file makes it and gives it the upstream (pool_reclaim.cpp).
 #include <string>
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/device.hpp"
 
 #include <cstdio>
 
@@ -154,5 +155,12 @@ resource_properties pool_resource::properties() const noexcept {
   return {.device = impl_->pool.device, .device_accessible = true, .host_accessible = false,
           .thread_safe = true};
 }
+
+
+std::optional<std::size_t> pool_resource::available_bytes() const {
+  return device_memory_info(impl_->pool.device).free_bytes + statistics().free_bytes;
+}
+
+std::size_t pool_resource::release_free_memory() { return release(); }
 
 }  // namespace gpumem

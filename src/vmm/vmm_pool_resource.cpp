@@ -3,6 +3,7 @@
 // its queries and gives everything back at the end; page_backing.cpp grows it,
 // page_blocks.cpp edits its blocks page by page.
 #include "gpumem/vmm_pool_resource.hpp"
+#include "gpumem/ipc.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -209,6 +210,28 @@ std::size_t vmm_pool_resource::page_bytes() const noexcept { return impl_->page;
 resource_properties vmm_pool_resource::properties() const noexcept {
   return resource_properties{.device = impl_->pool.device, .device_accessible = true, .host_accessible = false,
                              .thread_safe = true};
+}
+
+
+std::optional<std::size_t> vmm_pool_resource::available_bytes() const {
+  const vmm_pool_statistics st = statistics();
+  return device_memory_info(impl_->pool.device).free_bytes + (st.mapped_bytes - std::min(st.used_bytes, st.mapped_bytes));
+}
+
+std::size_t vmm_pool_resource::release_free_memory() { return release(); }
+
+ipc_export_route vmm_pool_resource::ipc_route(const void* ptr, std::size_t bytes) const {
+  ipc_export_route route;
+  if (!impl_->opt.posix_fd_shareable) {
+    route.how = ipc_export_route::way::refused;
+    route.refusal = "this vmm_pool_resource's memory is not shareable; construct it with "
+                    "vmm_pool_options::posix_fd_shareable = true";
+    return route;
+  }
+  route.how = ipc_export_route::way::pages;
+  route.device = impl_->pool.device;
+  for (const physical_piece& piece : physical_pieces(ptr, bytes)) route.pieces.emplace_back(piece.address, piece.bytes);
+  return route;
 }
 
 }  // namespace gpumem

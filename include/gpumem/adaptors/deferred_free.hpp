@@ -57,6 +57,7 @@ struct deferred_free_statistics {
 
 class GPUMEM_EXPORT deferred_free_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "defer"; }
   explicit deferred_free_adaptor(memory_resource& upstream,
                                  deferred_free_options options = deferred_free_options::from_environment());
   explicit deferred_free_adaptor(std::shared_ptr<memory_resource> upstream,

@@ -20,6 +20,9 @@ namespace gpumem {
 
 class GPUMEM_EXPORT limiting_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "limit"; }
+  // The upstream's, within what the limit has left.
+  std::optional<std::size_t> available_bytes() const override;
   limiting_adaptor(memory_resource& upstream, std::size_t limit_bytes);
   limiting_adaptor(std::shared_ptr<memory_resource> upstream, std::size_t limit_bytes);
 

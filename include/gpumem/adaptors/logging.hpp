@@ -59,6 +59,7 @@ struct logging_options {
 
 class GPUMEM_EXPORT logging_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "log"; }
   // A new log at `path` (see event_log::open).
   logging_adaptor(memory_resource& upstream, const std::string& path, logging_options options = {});
   logging_adaptor(std::shared_ptr<memory_resource> upstream, const std::string& path,

@@ -41,6 +41,7 @@ using oom_callback = std::function<bool(const oom_event&)>;
 
 class GPUMEM_EXPORT oom_retry_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "oom_retry"; }
   explicit oom_retry_adaptor(memory_resource& upstream, int max_retries = 16);
   explicit oom_retry_adaptor(std::shared_ptr<memory_resource> upstream, int max_retries = 16);
 

@@ -33,6 +33,12 @@ class GPUMEM_EXPORT resource_adaptor : public memory_resource {
   // The upstream's owner when the adaptor was given a shared_ptr; null when borrowed.
   const std::shared_ptr<memory_resource>& shared_upstream() const noexcept { return owned_; }
   resource_properties properties() const noexcept override { return upstream_->properties(); }
+  // Capabilities are the upstream's (memory_resource.hpp).
+  std::optional<std::size_t> available_bytes() const override { return upstream_->available_bytes(); }
+  std::size_t release_free_memory() override { return upstream_->release_free_memory(); }
+  ipc_export_route ipc_route(const void* ptr, std::size_t bytes) const override;
+  std::string_view layer_name() const noexcept override { return "adaptor"; }
+  const memory_resource* next_layer() const noexcept override { return upstream_; }
 
  protected:
   // The upstream's do_allocate / do_deallocate, for arguments already checked

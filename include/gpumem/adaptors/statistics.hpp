@@ -43,6 +43,7 @@ struct statistics_options {
 
 class GPUMEM_EXPORT statistics_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "stats"; }
   explicit statistics_adaptor(memory_resource& upstream, statistics_options options = {});
   explicit statistics_adaptor(std::shared_ptr<memory_resource> upstream,
                               statistics_options options = {});

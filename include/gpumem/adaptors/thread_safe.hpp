@@ -17,6 +17,7 @@ namespace gpumem {
 
 class GPUMEM_EXPORT thread_safe_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "thread_safe"; }
   explicit thread_safe_adaptor(memory_resource& upstream);
   explicit thread_safe_adaptor(std::shared_ptr<memory_resource> upstream);
 

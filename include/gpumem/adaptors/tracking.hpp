@@ -43,6 +43,7 @@ struct tracked_allocation {
 
 class GPUMEM_EXPORT tracking_adaptor final : public resource_adaptor {
  public:
+  std::string_view layer_name() const noexcept override { return "track"; }
   explicit tracking_adaptor(memory_resource& upstream, tracking_options options = {});
   explicit tracking_adaptor(std::shared_ptr<memory_resource> upstream, tracking_options options = {});
   ~tracking_adaptor() override;
