@@ -284,10 +284,7 @@ inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
   const chunk& c = *b->owner;
   const std::size_t first = (b->address - c.base) >> page_shift;
   const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
-  for (std::size_t i = first; i <= last; ++i) {
-    if (!c.is_ready(i)) return false;
-  }
-  return true;
+  return c.all_ready(first, last);
 }
 
 inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream_view stream) {
