@@ -51,11 +51,11 @@ struct chunk {
   bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
-  // Whether every page in [first, last] is ready: a word of the bitmap at a time.
-  bool all_ready(std::size_t first, std::size_t last) const noexcept {
-    for (std::size_t w = first >> 6; w <= last >> 6; ++w) {
-      const std::size_t lo = w == first >> 6 ? (first & 63) : 0;
-      const std::size_t hi = w == last >> 6 ? (last & 63) : 63;
+  // Whether every page in [from, to] is ready: a word of the bitmap at a time.
+  bool all_ready(std::size_t from, std::size_t to) const noexcept {
+    for (std::size_t w = from >> 6; w <= to >> 6; ++w) {
+      const std::size_t lo = w == from >> 6 ? (from & 63) : 0;
+      const std::size_t hi = w == to >> 6 ? (to & 63) : 63;
       const std::uint64_t mask = (~std::uint64_t{0} >> (63 - hi)) & (~std::uint64_t{0} << lo);
       if ((ready[w] & mask) != mask) return false;
     }
