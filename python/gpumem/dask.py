@@ -405,13 +405,13 @@ def flush_logs(client, workers=None):
 
 
 def report_logs(directory, output=None, title="gpumem: memory of every worker"):
-    """Draws every worker log in ``directory`` (``gpumem-*.csv``) with the bundled
-    ``gpumem-report``, one HTML page per log beside it, and writes ``output`` (default
-    ``directory/index.html``): one page that shows all of them, one frame per worker under
-    gpumem-report's summary line (events, peak live bytes). Returns the path of that
-    page. Run it after ``flush_logs`` or once the workers have closed.
-    ``FileNotFoundError`` when this installation has no gpumem-report."""
-    import html
+    """Draws every worker log in ``directory`` (``gpumem-*.csv``) on one page with the bundled
+    ``gpumem-report``: one chart per log, named by its file name, on one time scale and one
+    byte scale, and a table of every log's figures (events, peaks, out-of-memory counts).
+    Writes ``output`` (default ``directory/index.html``) and returns its path. Run it after
+    ``flush_logs`` or once the workers have closed. ``FileNotFoundError`` when this
+    installation has no gpumem-report or the folder has no log; ``RuntimeError`` with
+    gpumem-report's message (naming the file) when a log cannot be read."""
     import subprocess
 
     tool = os.path.join(os.path.dirname(os.path.abspath(gpumem.__file__)), "bin", "gpumem-report")
@@ -421,33 +421,19 @@ def report_logs(directory, output=None, title="gpumem: memory of every worker"):
             "(cmake -DGPUMEM_BUILD_TOOLS=ON) and comes with the wheel" % tool
         )
     directory = os.path.abspath(os.fspath(directory))
-    logs = sorted(f for f in os.listdir(directory) if f.startswith("gpumem-") and f.endswith(".csv"))
+    # Worker 2 before worker 10: numbers in names compare as numbers.
+    logs = sorted(
+        (f for f in os.listdir(directory) if f.startswith("gpumem-") and f.endswith(".csv")),
+        key=lambda f: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", f)],
+    )
     if not logs:
         raise FileNotFoundError("gpumem.dask.report_logs: no gpumem-*.csv log in %s" % directory)
-    sections = []
-    for name in logs:
-        page = name[: -len(".csv")] + ".html"
-        done = subprocess.run(
-            [tool, os.path.join(directory, name), "-o", os.path.join(directory, page), "--title", name],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                "gpumem.dask.report_logs: gpumem-report failed on %s: %s" % (name, done.stderr.strip())
-            )
-        found = re.search(r"(\d+ events, peak live .+?) -> ", done.stdout)
-        summary = found.group(1) if found else done.stdout.strip()
-        sections.append(
-            '<h2>%s</h2>\n<p>%s</p>\n<iframe src="%s" title="%s"></iframe>'
-            % (html.escape(name), html.escape(summary), html.escape(page), html.escape(name))
-        )
     output = os.path.join(directory, "index.html") if output is None else os.fspath(output)
-    with open(output, "w") as f:
-        f.write(
-            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>\n"
-            "<style>body{font-family:sans-serif;margin:1em}iframe{width:100%%;height:860px;"
-            "border:1px solid #ccc}</style></head>\n<body><h1>%s</h1>\n%s\n</body></html>\n"
-            % (html.escape(title), html.escape(title), "\n".join(sections))
-        )
+    done = subprocess.run(
+        [tool] + [os.path.join(directory, name) for name in logs] + ["-o", output, "--title", title],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError("gpumem.dask.report_logs: gpumem-report failed: %s" % done.stderr.strip())
     return output

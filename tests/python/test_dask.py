@@ -143,15 +143,17 @@ def test_plugin_statistics_caps_and_logs(client, tmp_path):
         assert saved["pid"] == r["pid"] and saved["worker"] == r["worker"]
         assert saved["devices"][0]["statistics"]["peak_bytes"] == r["peak_bytes"]
 
-    # gpumem-report draws every worker's log; report_logs puts them on one page.
+    # gpumem-report draws every worker's log on one page, one chart each, named by its file.
     try:
         index = gpumem.dask.report_logs(logs)
     except FileNotFoundError as e:
         pytest.skip(str(e))
+    assert index == os.path.join(os.path.abspath(logs), "index.html")
     page = open(index).read()
+    assert page.count("<svg") == len(rows) == 2
     for r in rows:
-        assert os.path.basename(r["log"])[: -len(".csv")] + ".html" in page
-        assert os.path.exists(r["log"][: -len(".csv")] + ".html")
+        assert 'data-log="%s"' % os.path.basename(r["log"]) in page
+    assert "no wall-clock time" in page  # the caption: each chart starts at its own log's opening
 
 
 def _budget_probe():

@@ -58,6 +58,15 @@ class sampler {
 
 }  // namespace
 
+const std::vector<std::string>& size_class_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& c : size_classes) v.push_back(c.name);
+    return v;
+  }();
+  return names;
+}
+
 timeline build_timeline(const std::vector<logged_event>& events, grouping by, std::size_t max_points) {
   timeline tl;
   tl.events = events.size();

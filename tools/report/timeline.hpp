@@ -44,6 +44,9 @@ struct timeline {
   bool snapshot = false;  // made from a tracking snapshot (allocations only)
 };
 
+// The size classes' group names, smallest first.
+const std::vector<std::string>& size_class_names();
+
 // At most about max_points points per series: each time bucket keeps the moment
 // of its highest total and its last state, so peaks and drops both survive.
 timeline build_timeline(const std::vector<logged_event>& events, grouping by, std::size_t max_points = 1600);

@@ -1,5 +1,6 @@
 // gpumem-report: the timeline from a log, the page's SVG, and the page rendered
-// in headless Chromium to a PNG whose pixels show the chart.
+// in headless Chromium to a PNG whose pixels show the chart; several logs on one
+// page.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "gpumem/config.hpp"
 #include "gpumem/error.hpp"
 #include "report/html.hpp"
+#include "report/multi_page.hpp"
 #include "report/timeline.hpp"
 #include "tools_test_support.hpp"
 
@@ -182,6 +184,133 @@ TEST(Report, BadArgumentsAndLogs) {
   EXPECT_TRUE(std::filesystem::exists(html2.str())) << "the HTML page is written before the screenshot";
 }
 
+// ---- several logs on one page ----
+
+// The text between `from` and the next `to` at or after `at`; "" when absent.
+std::string between(const std::string& text, const std::string& from, const std::string& to, std::size_t at = 0) {
+  const auto begin = text.find(from, at);
+  if (begin == std::string::npos) return {};
+  const auto end = text.find(to, begin + from.size());
+  return end == std::string::npos ? std::string() : text.substr(begin, end - begin);
+}
+
+std::string html_of(std::string text) {
+  for (std::size_t at = 0; (at = text.find('<', at)) != std::string::npos;) text.replace(at, 1, "&lt;");
+  return text;
+}
+
+TEST(ReportSeveralLogs, ChartsShareScalesColoursAndOneLegend) {
+  // Two processes: the first allocates small and medium blocks over 9 us, the
+  // second only medium ones, for longer, with its pool's chunks and a refusal.
+  std::vector<logged_event> first = {
+      ev(1, true, 0x1000, 100), ev(2, true, 0x2000, 2 * MiB), ev(3, false, 0x1000, 100),
+      ev(4, false, 0x2000, 2 * MiB)};
+  std::vector<logged_event> second = {
+      ev(1, true, 0x9000000, 64 * MiB, "upstream"), ev(2, true, 0x9000000, 3 * MiB),
+      ev(3, true, 0, 900 * MiB, "app", "oom"), ev(4, false, 0x9000000, 3 * MiB)};
+  for (auto& e : second) e.time_ns *= 5;  // ends at 20 us
+  const std::vector<tools::named_timeline> logs = {
+      {"gpumem-0-101.csv", build_timeline(first, grouping::size_class)},
+      {"gpumem-1-102.csv", build_timeline(second, grouping::size_class)}};
+  const std::string page = tools::render_multi_log_html(logs, tools::page_options{"two workers", "", "size class"});
+
+  EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0U);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(count_of(page, "<svg"), 2U) << "one chart per log";
+  // The legend names each log by its file name: on its chart and in the table.
+  EXPECT_EQ(count_of(page, "class=\"log-name\" "), 2U);
+  for (const auto& log : logs) {
+    EXPECT_EQ(count_of(page, "data-log=\"" + log.name + "\""), 1U) << log.name;
+    EXPECT_NE(page.find("font-weight=\"bold\">" + log.name + "</text>"), std::string::npos) << log.name;
+    EXPECT_NE(page.find("<tr class=\"log\"><td>" + log.name + "</td>"), std::string::npos) << log.name;
+  }
+  // No log holds a wall-clock time: the caption says each chart starts at its own
+  // log's opening, and nothing adds the processes' curves up.
+  EXPECT_NE(page.find("no wall-clock time"), std::string::npos);
+  EXPECT_NE(page.find("each chart starts at its own log's opening"), std::string::npos);
+  EXPECT_NE(page.find("time since each log was opened"), std::string::npos);
+  EXPECT_NE(page.find("sum of the peaks " + tools::human_bytes(static_cast<double>(2 * MiB + 100 + 3 * MiB))),
+            std::string::npos);
+  // One time axis and one byte scale: both charts' axes are the same, from 0 to
+  // the longer log's end (20 us), up to the higher peak (the 64 MiB chunk).
+  const auto second_svg = page.find("<svg", page.find("<svg") + 1);
+  const std::string x1 = between(page, "<g class=\"axis x-axis\">", "</g>");
+  const std::string y1 = between(page, "<g class=\"axis y-axis\">", "</g>");
+  EXPECT_FALSE(x1.empty());
+  EXPECT_EQ(x1, between(page, "<g class=\"axis x-axis\">", "</g>", second_svg));
+  EXPECT_EQ(y1, between(page, "<g class=\"axis y-axis\">", "</g>", second_svg));
+  EXPECT_NE(x1.find(">20 us</text>"), std::string::npos) << x1;
+  EXPECT_NE(y1.find(">64 MiB</text>"), std::string::npos) << y1;
+  EXPECT_EQ(count_of(page, "class=\"reserved\""), 1U);
+  EXPECT_EQ(count_of(page, "class=\"oom-marker\""), 1U);
+  // A size class has one colour on every chart: "1 MiB - 16 MiB" is the second
+  // of the page's groups, though the second log's first.
+  const auto& palette = tools::group_palette();
+  EXPECT_EQ(count_of(page, "data-group=\"1 MiB - 16 MiB\" fill=\"" + palette[1] + "\""), 2U);
+  EXPECT_EQ(count_of(page, "data-group=\"" + html_of("< 4 KiB") + "\" fill=\"" + palette[0] + "\""), 1U);
+  const std::string legend = between(page, "<ul class=\"legend\">", "</ul>");
+  EXPECT_EQ(count_of(legend, "<li>"), 4U) << "two size classes, reserved, out of memory, once for the page";
+}
+
+TEST(ReportSeveralLogs, NamesEachLogByItsFileNameUnlessTwoShareOne) {
+  EXPECT_EQ(tools::log_display_names({"logs/gpumem-0-7.csv", "gpumem-1-8.csv"}),
+            (std::vector<std::string>{"gpumem-0-7.csv", "gpumem-1-8.csv"}));
+  EXPECT_EQ(tools::log_display_names({"a/run.csv", "b/run.csv", "c.csv"}),
+            (std::vector<std::string>{"a/run.csv", "b/run.csv", "c.csv"}));
+}
+
+TEST(ReportSeveralLogs, TwoRecordedLogsOnOnePage) {
+  temp_file first("gpumem-worker0-101.csv");
+  temp_file second("gpumem-worker1-102.csv");
+  temp_file html("workers.html");
+  record_log(first.str());
+  const drawn d = record_log(second.str());
+  const command_result r =
+      run_command(tool_path(GPUMEM_REPORT_EXE) + " " + first.str() + " " + second.str() + " --html " + html.str());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 logs -> " + html.str()), std::string::npos) << r.output;
+  const std::string page = slurp(html.str());
+  EXPECT_EQ(count_of(page, "<svg"), 2U);
+  EXPECT_EQ(page.find("src="), std::string::npos) << "nothing loaded from elsewhere";
+  for (const auto& log : {first.str(), second.str()}) {
+    const std::string name = std::filesystem::path(log).filename().string();
+    EXPECT_EQ(count_of(page, "data-log=\"" + name + "\""), 1U) << name;
+  }
+  EXPECT_EQ(count_of(page, "class=\"reserved\""), 2U) << "each worker's pool";
+  EXPECT_GE(count_of(page, "class=\"oom-marker\""), 2 * std::min<std::size_t>(d.ooms, 1));
+  // One log still gives today's page: one chart, no log names on it.
+  const command_result one = run_command(tool_path(GPUMEM_REPORT_EXE) + " " + first.str() + " -o " + html.str());
+  ASSERT_EQ(one.status, 0) << one.output;
+  const std::string single = slurp(html.str());
+  EXPECT_EQ(count_of(single, "<svg"), 1U);
+  EXPECT_EQ(single.find("data-log="), std::string::npos);
+  EXPECT_NE(single.find("time since the log began"), std::string::npos);
+}
+
+TEST(ReportSeveralLogs, AMalformedOrMissingLogIsNamedAndNothingIsWritten) {
+  temp_file good("good.csv");
+  temp_file bad("bad.csv");
+  temp_file html("bad-logs.html");
+  record_log(good.str());
+  {
+    std::ofstream out(bad.str());
+    out << "seq,time_ns,thread,device,stream,source,op,ptr,bytes,alignment,outcome,site\n"
+           "1,10,1,0,0x0,app,allocate,0x1000,4096,256,ok,\n"
+           "2,20,1,0,0x0,app,allocate,0x2000\n";
+  }
+  const command_result r =
+      run_command(tool_path(GPUMEM_REPORT_EXE) + " " + good.str() + " " + bad.str() + " -o " + html.str());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find(bad.str() + ":3: "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(good.str() + ":"), std::string::npos) << "the good log is not blamed: " << r.output;
+  EXPECT_FALSE(std::filesystem::exists(html.str())) << "no page from part of the logs";
+  const command_result missing = run_command(tool_path(GPUMEM_REPORT_EXE) + " " + good.str() +
+                                             " /nonexistent/gpumem-9-9.csv -o " + html.str());
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.output.find("/nonexistent/gpumem-9-9.csv: cannot open"), std::string::npos) << missing.output;
+  EXPECT_EQ(run_command(tool_path(GPUMEM_REPORT_EXE) + " " + good.str() + " " + bad.str() + " --by colour").status, 2);
+}
+
 // ---- the screenshot ----
 
 bool chromium_available() {
@@ -299,6 +428,33 @@ TEST(Report, RendersInHeadlessChromium) {
   EXPECT_GT(pixels_of(img, "#222222"), 300U) << "the reserved line";
 #else
   std::printf("(built without zlib: the screenshot's pixels were not checked, only its size)\n");
+#endif
+}
+
+TEST(ReportSeveralLogs, RendersEveryChartInOnePng) {
+  if (!chromium_available()) GTEST_SKIP() << "SKIPPED: no Chromium here (RendersInHeadlessChromium says more)";
+  temp_file first("png-worker0.csv");
+  temp_file second("png-worker1.csv");
+  temp_file html("several.html");
+  temp_file png("several.png");
+  record_log(first.str());
+  record_log(second.str());
+  const command_result r = run_command(tool_path(GPUMEM_REPORT_EXE) + " " + first.str() + " " + second.str() +
+                                       " -o " + html.str() + " --png " + png.str());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const png_image img = read_png(slurp(png.str()));
+  EXPECT_EQ(img.width, 1200U);
+  EXPECT_GT(img.height, 900U) << "as tall as the page, both charts and the table";
+#ifdef GPUMEM_TEST_HAVE_ZLIB
+  ASSERT_EQ(img.rgb.size(), std::size_t{img.width} * img.height * 3) << "the screenshot did not decode";
+  // The 1 MiB - 16 MiB class (the page's third group) fills part of each chart:
+  // the upper chart sits in the first 500 rows, the lower one below them.
+  const auto split = img.rgb.begin() + static_cast<std::ptrdiff_t>(std::size_t{500} * img.width * 3);
+  const png_image upper{img.width, 500, {img.rgb.begin(), split}};
+  const png_image lower{img.width, img.height - 500, {split, img.rgb.end()}};
+  const std::string colour = tools::group_palette()[2];
+  EXPECT_GT(pixels_of(upper, colour), 20000U) << "the first chart";
+  EXPECT_GT(pixels_of(lower, colour), 20000U) << "the second chart";
 #endif
 }
 
