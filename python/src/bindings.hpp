@@ -7,9 +7,18 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <cuda.h>
 #include <nanobind/nanobind.h>
+
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+struct allocation_counters;  // gpumem/adaptors/statistics.hpp
+}
 
 namespace gpumem::python {
 
@@ -40,10 +49,45 @@ struct unsupported_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The gpumem.OutOfMemoryError instance (with its attributes) that the exception
+// translator raises for `e`; for code that hands the error to Python without raising
+// it (the OomRetryAdaptor's callbacks). Needs the GIL.
+nb::object out_of_memory_object(const out_of_memory& e);
+
+// A statistics adaptor's counters as a dict: current_bytes, peak_bytes, total_bytes
+// and the same three as counts (StatisticsAdaptor.statistics(), stack_report()).
+nb::dict counters_dict(const allocation_counters& c);
+
+// One of a few names for an option (strings as Python callers write them, e.g.
+// ipc="posix_file_descriptor"); LogicError naming `where`, the option and the choices.
+template <typename E, std::size_t N>
+E parse_choice(const std::string& value, const std::pair<const char*, E> (&choices)[N], const char* where,
+               const char* option) {
+  std::string known;
+  for (const auto& [name, e] : choices) {
+    if (value == name) return e;
+    known += std::string(known.empty() ? "'" : ", '") + name + "'";
+  }
+  throw logic_error(std::string(where) + ": " + option + "='" + value + "' is not one of " + known);
+}
+
+// The name of `e` among `choices` (the inverse of parse_choice).
+template <typename E, std::size_t N>
+const char* choice_name(E e, const std::pair<const char*, E> (&choices)[N]) {
+  for (const auto& c : choices) {
+    if (c.second == e) return c.first;
+  }
+  return "unknown";
+}
+
 void bind_errors(nb::module_& m);
 void bind_system(nb::module_& m);
 void bind_streams(nb::module_& m);
 void bind_resources(nb::module_& m);
+void bind_driver_resources(nb::module_& m);  // AsyncResource, ManagedResource, PinnedHostResource
+void bind_host_registration(nb::module_& m);
+void bind_adaptors(nb::module_& m);          // every adaptor but the next
+void bind_oom_retry(nb::module_& m);         // OomRetryAdaptor: Python callbacks on out-of-memory
 void bind_device_buffer(nb::module_& m);
 void bind_cupy_hook(nb::module_& m);
 void bind_ipc(nb::module_& m);

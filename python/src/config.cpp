@@ -118,14 +118,7 @@ nb::dict stack_report(const memory_resource& resource) {
   d["stack"] = nested(v.layers);
   d["device"] = resource.properties().device;
   if (v.counters) {
-    nb::dict c;
-    c["current_bytes"] = v.counters->current_bytes;
-    c["peak_bytes"] = v.counters->peak_bytes;
-    c["total_bytes"] = v.counters->total_bytes;
-    c["current_count"] = v.counters->current_count;
-    c["peak_count"] = v.counters->peak_count;
-    c["total_count"] = v.counters->total_count;
-    d["statistics"] = c;
+    d["statistics"] = counters_dict(*v.counters);
   } else {
     d["statistics"] = nb::none();
   }

@@ -40,7 +40,8 @@ struct device_buffer {
   void* ptr = nullptr;
   std::size_t size = 0;
   CUstream stream = nullptr;
-  int device = 0;
+  int device = 0;       // for host memory: the device whose context copies use
+  bool host = false;     // pinned host memory (a resource of device -1)
   bool closed = false;
   resource_ptr resource;     // null for zero-size buffers
   nb::object stream_owner;   // the Python stream object, when one was given
@@ -78,9 +79,13 @@ void construct(device_buffer* self, nb::handle size_arg, nb::handle stream, std:
   const std::size_t size = to_size(size_arg, "gpumem.DeviceBuffer");
   stream_arg s = to_stream(stream);
   int dev = 0;
+  bool host = false;
   if (resource) {
     dev = resource->properties().device;
-    if (device && *device != dev) {
+    if (dev < 0) {  // host memory: any device's work may use it; copies run in `device`'s context
+      host = true;
+      dev = device ? *device : current_device();
+    } else if (device && *device != dev) {
       throw logic_error("gpumem.DeviceBuffer: device " + std::to_string(*device) +
                         " differs from the resource's device " + std::to_string(dev));
     }
@@ -103,6 +108,7 @@ void construct(device_buffer* self, nb::handle size_arg, nb::handle stream, std:
   b->size = size;
   b->stream = s.handle;
   b->device = dev;
+  b->host = host;
   b->resource = std::move(resource);
   b->stream_owner = std::move(s.owner);
 }
@@ -232,6 +238,12 @@ void order_for_consumer(const device_buffer& b, nb::handle stream) {
   stream_view(consumer).wait(e);
 }
 
+// The DLPack device of the buffer's memory.
+std::pair<int, int> dl_device_of(const device_buffer& b) {
+  if (b.host) return {dlpack::kDLCUDAHost, 0};
+  return {dlpack::kDLCUDA, b.device};
+}
+
 // A (int, int) argument of __dlpack__, or TypeError naming it (nanobind's own
 // cast error reads "std::bad_cast").
 std::pair<int, int> int_pair(nb::handle h, const char* name) {
@@ -259,7 +271,7 @@ nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version,
   }
   if (!dl_device.is_none()) {
     const auto want = int_pair(dl_device, "dl_device");
-    if (want.first != dlpack::kDLCUDA || want.second != b.device) {
+    if (want != dl_device_of(b)) {
       PyErr_SetString(PyExc_BufferError,
                       "gpumem.DeviceBuffer.__dlpack__: the buffer lives on its CUDA device; "
                       "exporting to another device needs a copy, which is not supported");
@@ -280,7 +292,7 @@ nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version,
   Py_INCREF(ctx->owner);
   dlpack::DLTensor t{};
   t.data = b.ptr;
-  t.device = {dlpack::kDLCUDA, b.device};
+  t.device = {dl_device_of(b).first, dl_device_of(b).second};
   t.ndim = 1;
   t.dtype = {dlpack::kDLUInt, 8, 1};
   t.shape = ctx->shape;
@@ -317,7 +329,11 @@ void bind_device_buffer(nb::module_& m) {
       "given), allocated on `stream` and freed on it when the object goes or close() is called. "
       "DeviceBuffer(0) allocates nothing and has ptr 0.")
       .def("__init__", &construct, nb::arg("size").none(), nb::arg("stream").none() = nb::none(), nb::kw_only(),
-           nb::arg("device") = nb::none(), nb::arg("resource").none() = nb::none())
+           nb::arg("device") = nb::none(), nb::arg("resource").none() = nb::none(),
+           "`size` bytes from `resource` (None: the current resource of `device`, None meaning "
+           "the current device), allocated on `stream` (None: the legacy default stream). Any "
+           "resource or adaptor stack will do; LogicError when `device` differs from the "
+           "resource's.")
       .def_static(
           "from_host",
           [](nb::handle data, nb::handle stream, std::optional<int> device, resource_ptr resource) {
@@ -336,23 +352,29 @@ void bind_device_buffer(nb::module_& m) {
                    "The device address as an int (0 for an empty or closed buffer).")
       .def_prop_ro("size", [](const device_buffer& b) { return b.size; }, "Bytes.")
       .def_prop_ro("nbytes", [](const device_buffer& b) { return b.size; }, "Bytes (the same as size).")
-      .def_prop_ro("device", [](const device_buffer& b) { return b.device; })
+      .def_prop_ro("device", [](const device_buffer& b) { return b.device; },
+                   "The device of the memory (for pinned host memory: the device whose context its "
+                   "copies use).")
       .def_prop_ro("stream", [](const device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.stream); },
                    "The raw handle of the stream the buffer was allocated on and will be freed on.")
       .def_prop_ro("resource", [](const device_buffer& b) { return b.resource; },
                    "The resource the memory came from (None for empty or closed buffers).")
-      .def_prop_ro("closed", [](const device_buffer& b) { return b.closed; })
+      .def_prop_ro("closed", [](const device_buffer& b) { return b.closed; }, "True after close().")
       .def("close", &device_buffer::close,
            "Frees the memory now (stream-ordered on the buffer's stream). Idempotent.")
       .def("copy_from_host", &copy_from_host, nb::arg("src"),
            "Copies a C-contiguous buffer of exactly size bytes into the buffer; returns when done.")
       .def("copy_to_host", &copy_to_host, nb::arg("out").none() = nb::none(),
            "Copies the buffer to `out` (a writable buffer of size bytes) or to new bytes; returns when done.")
-      .def_prop_ro("__cuda_array_interface__", &cuda_array_interface)
+      .def_prop_ro("__cuda_array_interface__", &cuda_array_interface,
+                   "The buffer as a 1-D uint8 array (version 3), with the stream it was allocated on.")
       .def("__dlpack__", &to_dlpack, nb::kw_only(), nb::arg("stream").none() = nb::none(),
            nb::arg("max_version").none() = nb::none(), nb::arg("dl_device").none() = nb::none(),
-           nb::arg("copy").none() = nb::none())
-      .def("__dlpack_device__", [](const device_buffer& b) { return nb::make_tuple(int{dlpack::kDLCUDA}, b.device); })
+           nb::arg("copy").none() = nb::none(),
+           "A DLPack capsule of the buffer as a 1-D uint8 tensor (versioned when max_version >= "
+           "(1, 0)); `stream` (the consumer's) waits for the buffer's stream on the device.")
+      .def("__dlpack_device__", [](const device_buffer& b) { return nb::make_tuple(dl_device_of(b).first, dl_device_of(b).second); },
+           "(2, device) for device memory (kDLCUDA); (3, 0) for pinned host memory (kDLCUDAHost).")
       .def("__repr__", [](const device_buffer& b) {
         char buf[128];
         std::snprintf(buf, sizeof buf, "<gpumem.DeviceBuffer ptr=0x%zx size=%zu device=%d%s>",

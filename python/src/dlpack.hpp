@@ -12,7 +12,7 @@ namespace gpumem::python::dlpack {
 inline constexpr std::uint32_t major_version = 1;
 inline constexpr std::uint32_t minor_version = 1;
 
-enum device_type : std::int32_t { kDLCPU = 1, kDLCUDA = 2 };
+enum device_type : std::int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
 enum dtype_code : std::uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2 };
 
 struct DLDevice {

@@ -48,6 +48,17 @@ void raise(PyObject* type, const char* message, Fill&& fill) {
   PyErr_SetObject(type, exc.ptr());
 }
 
+void fill_out_of_memory(nb::object& exc, const out_of_memory& e) {
+  const out_of_memory_info& i = e.info();
+  exc.attr("requested_bytes") = i.requested_bytes;
+  exc.attr("device") = i.device;
+  exc.attr("resource") = nb::str(i.resource.c_str());
+  exc.attr("resource_held_bytes") = i.resource_held_bytes;
+  exc.attr("device_free_bytes") = i.device_free_bytes;
+  exc.attr("device_total_bytes") = i.device_total_bytes;
+  exc.attr("reason") = nb::str(i.reason.c_str());
+}
+
 void raise_cuda(PyObject* type, const cuda_error& e) {
   raise(type, e.what(), [&](nb::object& exc) {
     exc.attr("result") = static_cast<int>(e.result());
@@ -60,16 +71,7 @@ void translate(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
   } catch (const out_of_memory& e) {
-    const out_of_memory_info& i = e.info();
-    raise(types.out_of_memory, e.what(), [&](nb::object& exc) {
-      exc.attr("requested_bytes") = i.requested_bytes;
-      exc.attr("device") = i.device;
-      exc.attr("resource") = nb::str(i.resource.c_str());
-      exc.attr("resource_held_bytes") = i.resource_held_bytes;
-      exc.attr("device_free_bytes") = i.device_free_bytes;
-      exc.attr("device_total_bytes") = i.device_total_bytes;
-      exc.attr("reason") = nb::str(i.reason.c_str());
-    });
+    raise(types.out_of_memory, e.what(), [&](nb::object& exc) { fill_out_of_memory(exc, e); });
   } catch (const driver_unavailable& e) {
     raise_cuda(types.driver_unavailable, e);
   } catch (const cuda_error& e) {
@@ -88,6 +90,13 @@ void translate(const std::exception_ptr& p, void*) {
 }
 
 }  // namespace
+
+nb::object out_of_memory_object(const out_of_memory& e) {
+  nb::object exc = nb::steal(PyObject_CallFunction(types.out_of_memory, "s", e.what()));
+  if (!exc.is_valid()) throw nb::python_error();
+  fill_out_of_memory(exc, e);
+  return exc;
+}
 
 void bind_errors(nb::module_& m) {
   auto tuple = [](std::initializer_list<PyObject*> items) {

@@ -17,6 +17,10 @@ NB_MODULE(_core, m) {
   gp::bind_system(m);
   gp::bind_streams(m);
   gp::bind_resources(m);
+  gp::bind_driver_resources(m);
+  gp::bind_host_registration(m);
+  gp::bind_adaptors(m);
+  gp::bind_oom_retry(m);
   gp::bind_device_buffer(m);
   gp::bind_cupy_hook(m);
   gp::bind_ipc(m);

@@ -1,7 +1,9 @@
-// Memory resources from Python: the contract (MemoryResource), cuda_resource,
-// pool_resource, vmm_pool_resource, the per-device current resource, and
-// memory_info, which says how much a device could still hand out through its
-// current resource.
+// Memory resources from Python: the contract (MemoryResource) and the
+// capabilities every stack answers (available_bytes, release_free_memory, its
+// layers), cuda_resource, pool_resource, vmm_pool_resource, the per-device
+// current resource, and memory_info, which says how much a device could still
+// hand out through its current resource. The driver's other resources are in
+// driver_resources.cpp, the adaptors in adaptors.cpp and oom_retry.cpp.
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -97,14 +99,41 @@ std::pair<std::size_t, std::size_t> memory_info(std::optional<int> device) {
   return {*available, total};
 }
 
+std::vector<std::string> layer_names(const memory_resource& top) {
+  std::vector<std::string> names;
+  for (const memory_resource* r = &top; r != nullptr; r = r->next_layer()) names.emplace_back(r->layer_name());
+  return names;
+}
+
+// Walks down the stack from `self`; each layer is returned as the Python object that
+// owns it when there is one, else as a reference kept alive by the layer above it
+// (which owns or outlives it).
+nb::object find_layer(nb::handle self, const std::string& name) {
+  nb::object current = nb::borrow(self);
+  for (const memory_resource* r = &nb::cast<const memory_resource&>(self); r != nullptr;) {
+    if (r->layer_name() == name) return current;
+    const memory_resource* next = r->next_layer();
+    if (next == nullptr) break;
+    const auto* a = dynamic_cast<const resource_adaptor*>(r);
+    if (a != nullptr && a->shared_upstream()) {
+      current = nb::cast(a->shared_upstream());
+    } else {
+      current = nb::cast(const_cast<memory_resource*>(next), nb::rv_policy::reference_internal, current);
+    }
+    r = next;
+  }
+  return nb::none();
+}
+
 }  // namespace
 
 void bind_resources(nb::module_& m) {
-  nb::class_<resource_properties>(m, "ResourceProperties")
-      .def_ro("device", &resource_properties::device)
-      .def_ro("device_accessible", &resource_properties::device_accessible)
-      .def_ro("host_accessible", &resource_properties::host_accessible)
-      .def_ro("thread_safe", &resource_properties::thread_safe)
+  nb::class_<resource_properties>(m, "ResourceProperties", "What a resource's memory is (resource.properties).")
+      .def_ro("device", &resource_properties::device, "The device whose memory it is; -1 for host memory.")
+      .def_ro("device_accessible", &resource_properties::device_accessible, "Device work can use it.")
+      .def_ro("host_accessible", &resource_properties::host_accessible, "The host can read and write it.")
+      .def_ro("thread_safe", &resource_properties::thread_safe,
+              "allocate and deallocate may be called from many threads at once.")
       .def("__repr__", [](const resource_properties& p) {
         return "ResourceProperties(device=" + std::to_string(p.device) +
                ", device_accessible=" + (p.device_accessible ? "True" : "False") +
@@ -136,12 +165,44 @@ void bind_resources(nb::module_& m) {
           nb::arg("ptr"), nb::arg("nbytes"), nb::arg("stream").none() = nb::none(),
           nb::arg("alignment") = default_alignment,
           "Returns memory from allocate(); reused once the work queued on `stream` before the call is done.")
-      .def_prop_ro("properties", &memory_resource::properties)
-      .def_prop_ro("device", [](const memory_resource& r) { return r.properties().device; })
+      .def_prop_ro("properties", &memory_resource::properties,
+                   "What the memory is: its device, who can reach it, whether the resource is thread-safe.")
+      .def_prop_ro("device", [](const memory_resource& r) { return r.properties().device; },
+                   "The device whose memory the resource hands out (-1: host memory).")
       .def("is_equal", &memory_resource::is_equal, nb::arg("other"),
            "True when memory from one may be deallocated through the other.")
-      .def("__eq__", [](const memory_resource& a, const memory_resource& b) { return a.is_equal(b); })
-      .def("__hash__", [](const memory_resource& r) { return to_int(&r); });
+      .def("__eq__", [](const memory_resource& a, const memory_resource& b) { return a.is_equal(b); },
+           nb::arg("other"), nb::is_operator(), "is_equal(): identity for every gpumem resource.")
+      .def("__hash__", [](const memory_resource& r) { return to_int(&r); }, "By identity.")
+      // Capabilities (memory_resource.hpp): any stack answers, adaptors forward them.
+      .def(
+          "available_bytes",
+          [](const memory_resource& r) {
+            nb::gil_scoped_release release;
+            return r.available_bytes();
+          },
+          "Bytes the resource could hand out now: the device's free memory plus what it holds "
+          "free, within its caps (a LimitingAdaptor's limit, a pool's maximum). None when it "
+          "cannot say. Asks the whole stack: adaptors forward it to their upstream.")
+      .def(
+          "release_free_memory",
+          [](memory_resource& r) {
+            nb::gil_scoped_release release;
+            return r.release_free_memory();
+          },
+          "Gives every free byte the stack holds back to the device (waiting for the device once "
+          "where frees are still in flight, as torch.cuda.empty_cache does). Returns the bytes "
+          "given back; 0 for resources that hold none.")
+      .def_prop_ro("layer_name", [](const memory_resource& r) { return std::string(r.layer_name()); },
+                   "What this layer is, in GPUMEM_CONF's words: 'pool', 'vmm', 'cuda', 'async', 'stats', "
+                   "'limit', 'log', ... ('resource' for one without a name).")
+      .def("layers", &layer_names,
+           "The names of the stack's layers, outermost first, down to the resource that takes "
+           "memory from the driver: ['stats', 'limit', 'pool', 'cuda'].")
+      .def("find_layer", &find_layer, nb::arg("name"),
+           nb::sig("def find_layer(self, name: str) -> MemoryResource | None"),
+           "The outermost layer of the stack (this resource included) whose layer_name is `name`, "
+           "or None: e.g. the StatisticsAdaptor of a stack made by make_resource('pool,stats').");
 
   nb::class_<cuda_resource, memory_resource>(
       m, "CudaResource", "Device memory straight from cuMemAlloc / cuMemFree (slow; an upstream).")
@@ -150,9 +211,10 @@ void bind_resources(nb::module_& m) {
           [](cuda_resource* self, std::optional<int> device) {
             new (self) cuda_resource(device.value_or(-1));
           },
-          nb::arg("device") = nb::none())
-      .def_prop_ro("allocated_bytes", &cuda_resource::allocated_bytes)
-      .def_prop_ro("allocation_count", &cuda_resource::allocation_count)
+          nb::arg("device") = nb::none(), "Device memory of `device` (None: the current device).")
+      .def_prop_ro("allocated_bytes", &cuda_resource::allocated_bytes,
+                   "Bytes handed out and not yet returned (as requested).")
+      .def_prop_ro("allocation_count", &cuda_resource::allocation_count, "Allocations live now.")
       .def("__repr__", [](const cuda_resource& r) {
         return "<gpumem.CudaResource device=" + std::to_string(r.device()) + " allocated_bytes=" +
                std::to_string(r.allocated_bytes()) + ">";
@@ -205,7 +267,7 @@ void bind_resources(nb::module_& m) {
            "used_bytes, reserved_bytes, free_bytes, free_blocks, largest_free_block, allocations, "
            "chunks, streams.")
       .def_prop_ro("upstream", [](const pool_resource& p) -> memory_resource& { return p.upstream(); },
-                   nb::rv_policy::reference_internal)
+                   nb::rv_policy::reference_internal, "The resource the pool takes its chunks from.")
       .def("__repr__", [](const pool_resource& p) {
         const pool_statistics s = p.statistics();
         return "<gpumem.PoolResource device=" + std::to_string(p.properties().device) +

@@ -108,7 +108,7 @@ void bind_streams(nb::module_& m) {
           "synchronize with the legacy default stream.")
       .def_prop_ro("handle", [](const gpumem::stream& s) { return reinterpret_cast<std::uintptr_t>(s.handle()); },
                    "The CUstream handle as an int.")
-      .def_prop_ro("device", &gpumem::stream::device)
+      .def_prop_ro("device", &gpumem::stream::device, "The device the stream belongs to.")
       .def("synchronize", [](const gpumem::stream& s) {
              nb::gil_scoped_release release;
              s.synchronize();
@@ -116,7 +116,7 @@ void bind_streams(nb::module_& m) {
       .def("ready", &gpumem::stream::ready, "True when all work queued on the stream has completed.")
       .def("__cuda_stream__", [](const gpumem::stream& s) {
              return nb::make_tuple(0, reinterpret_cast<std::uintptr_t>(s.handle()));
-           })
+           }, "The CUDA Python stream protocol: (0, handle).")
       .def("__int__", [](const gpumem::stream& s) { return reinterpret_cast<std::uintptr_t>(s.handle()); })
       .def("__repr__", [](const gpumem::stream& s) {
         char buf[96];

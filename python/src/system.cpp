@@ -41,7 +41,7 @@ void bind_system(nb::module_& m) {
         "The backend in use, 'cuda' or 'sim' (selects it from GPUMEM_BACKEND if none was selected).");
   m.def("cuda_driver_usable", &cuda_driver_usable,
         "True when libcuda.so.1 loads, cuInit succeeds and a GPU exists. Selects no backend.");
-  m.def("device_count", &device_count);
+  m.def("device_count", &device_count, "Devices the backend has.");
   m.def("current_device", &current_device,
         "The device of the calling thread's current context (0 when none is current).");
   m.def("set_current_device", &set_current_device, nb::arg("device"),
@@ -53,7 +53,7 @@ void bind_system(nb::module_& m) {
         return std::make_pair(i.free_bytes, i.total_bytes);
       },
       nb::arg("device"), "(free, total) bytes as the driver reports them.");
-  m.def("device_name", &device_name, nb::arg("device"));
+  m.def("device_name", &device_name, nb::arg("device"), "The device's name, as the driver reports it.");
   m.def("peers_of", &peers_of, nb::arg("device"),
         "The other devices whose work can reach the device's memory (peer access), in ordinal order.");
   m.def("driver_version", &driver_version, "CUDA version of the driver, e.g. 13000.");
@@ -62,11 +62,15 @@ void bind_system(nb::module_& m) {
   sim.def("fail_nth_allocation", &sim::fail_nth_allocation, nb::arg("n"),
           "The nth device allocation from now on fails with out-of-memory (0: off).");
   sim.def("fail_allocations_at_random", &sim::fail_allocations_at_random, nb::arg("probability"),
-          nb::arg("seed"));
-  sim.def("injected_failures", &sim::injected_failures);
+          nb::arg("seed"),
+          "Each device allocation from now on fails with out-of-memory with this probability "
+          "(0: off), drawn from a generator seeded with `seed`.");
+  sim.def("injected_failures", &sim::injected_failures,
+          "Allocations (and mappings) the fault injection has failed so far.");
   sim.def("used_bytes", &sim::used_bytes, nb::arg("device"),
           "Bytes of the device's simulated memory in use, as the driver counts them.");
-  sim.def("live_allocations", &sim::live_allocations, nb::arg("device"));
+  sim.def("live_allocations", &sim::live_allocations, nb::arg("device"),
+          "Device allocations of the simulated device not yet freed, as the driver counts them.");
 }
 
 }  // namespace gpumem::python

@@ -75,3 +75,46 @@ def test_the_package_is_typed():
     stubs = (root / "_core.pyi").read_text()
     for name in ("class VmmPoolResource", "class DeviceBuffer", "def make_resource", "def peers_of"):
         assert name in stubs, name
+    # Every resource and adaptor, and the capabilities every stack answers.
+    for cls in ("AsyncResource", "AsyncReusePolicy", "ManagedResource", "PinnedHostResource",
+                "HostRegistration", "ResourceAdaptor", "StatisticsAdaptor", "StatisticsScope",
+                "TrackingAdaptor", "LoggingAdaptor", "LimitingAdaptor", "OomRetryAdaptor", "OomEvent",
+                "DeferredFreeAdaptor", "DeferCleanup", "ThreadSafeAdaptor"):
+        assert "class %s" % cls in stubs, cls
+    for method in ("def available_bytes(self) -> int | None", "def release_free_memory(self) -> int",
+                   "def layers(self) -> list[str]", "def find_layer(self, name: str)",
+                   "def layer_name(self) -> str", "def add_callback(self, callback"):
+        assert method in stubs, method
+
+
+def test_every_public_name_has_a_docstring():
+    import inspect
+    import re
+
+    import gpumem
+
+    signature = re.compile(r"^\s*[\w.]*\(.*\)( -> .*)?$")  # what nanobind puts before a docstring
+
+    def described(obj):
+        doc = obj.__doc__ if not isinstance(obj, property) else (obj.__doc__ or (obj.fget and obj.fget.__doc__))
+        return any(line.strip() and not signature.match(line) for line in (doc or "").splitlines())
+
+    protocols = ("__init__", "__enter__", "__exit__", "__dlpack__", "__dlpack_device__",
+                 "__cuda_array_interface__", "__cuda_stream__")
+    missing = []
+    for name in gpumem.__all__:
+        obj = getattr(gpumem, name)
+        if isinstance(obj, (int, str, gpumem.ProfileRecords)):
+            continue
+        if not described(obj):
+            missing.append(name)
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for member, value in vars(obj).items():
+                if member.startswith("_") and member not in protocols:
+                    continue
+                if not described(value):
+                    missing.append(name + "." + member)
+    for name in dir(gpumem.sim):
+        if not name.startswith("_") and not described(getattr(gpumem.sim, name)):
+            missing.append("sim." + name)
+    assert missing == []
