@@ -192,11 +192,7 @@ void bind_tracking(nb::module_& m) {
           "__init__",
           [](tracking_adaptor* self, resource_ptr upstream, bool capture_stacks, int stack_depth,
              bool report_at_exit, nb::int_ report_limit) {
-            if (stack_depth < 1 || stack_depth > 64) {
-              throw logic_error("gpumem.TrackingAdaptor: stack_depth must be 1 to 64 frames, not " +
-                                std::to_string(stack_depth));
-            }
-            tracking_options o;
+            tracking_options o;  // the adaptor checks stack_depth (1 to 256)
             o.capture_stacks = capture_stacks;
             o.stack_depth = stack_depth;
             o.report_at_exit = report_at_exit;
@@ -207,7 +203,7 @@ void bind_tracking(nb::module_& m) {
           nb::arg("stack_depth") = defaults.stack_depth, nb::arg("report_at_exit") = defaults.report_at_exit,
           nb::arg("report_limit") = defaults.report_limit,
           "Tracks the allocations made through it to `upstream`. capture_stacks: record the "
-          "allocating native stack, up to stack_depth frames (1 to 64); report_at_exit: a leak "
+          "allocating native stack, up to stack_depth frames (1 to 256); report_at_exit: a leak "
           "report on stderr when the adaptor goes or the process exits with allocations live, "
           "listing report_limit of them.")
       .def(

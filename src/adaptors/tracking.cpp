@@ -102,15 +102,30 @@ struct tracking_adaptor::state final : detail::exit_hook {
   std::atomic<bool> reported{false};
 };
 
+namespace {
+
+// The most frames a recorded stack keeps: deeper stacks cost every allocation more.
+constexpr int max_stack_depth = 256;
+
+const tracking_options& checked(const tracking_options& options) {
+  if (options.stack_depth < 1 || options.stack_depth > max_stack_depth) {
+    throw logic_error("gpumem::tracking_adaptor: tracking_options::stack_depth " + std::to_string(options.stack_depth) +
+                      " is outside 1.." + std::to_string(max_stack_depth));
+  }
+  return options;
+}
+
+}  // namespace
+
 tracking_adaptor::tracking_adaptor(memory_resource& upstream, tracking_options options)
     : resource_adaptor(upstream, "tracking_adaptor"),
-      state_(std::make_shared<state>(options, upstream.properties().device)) {
+      state_(std::make_shared<state>(checked(options), upstream.properties().device)) {
   if (options.report_at_exit) detail::run_at_exit(state_);
 }
 
 tracking_adaptor::tracking_adaptor(std::shared_ptr<memory_resource> upstream, tracking_options options)
     : resource_adaptor(std::move(upstream), "tracking_adaptor"),
-      state_(std::make_shared<state>(options, this->upstream().properties().device)) {
+      state_(std::make_shared<state>(checked(options), this->upstream().properties().device)) {
   if (options.report_at_exit) detail::run_at_exit(state_);
 }
 

@@ -2,11 +2,14 @@
 // destruction, at exit) and snapshots in the log format.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "adaptors/adaptor_test_support.hpp"
 #include "gpumem/adaptors/tracking.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "support/touch.hpp"
 
@@ -182,6 +185,29 @@ TEST(TrackingAdaptor, ManyThreads) {
     for (auto [p, n] : v) mr.deallocate(p, n, stream_view{});
   }
   EXPECT_EQ(mr.live_count(), 0U);
+}
+
+TEST(TrackingAdaptor, AStackDepthOutsideItsRangeIsRefusedNamingTheField) {
+  cuda_resource upstream(0);
+  for (int depth : {0, -1, 257, 1 << 30}) {
+    tracking_options o;
+    o.capture_stacks = true;
+    o.stack_depth = depth;
+    try {
+      tracking_adaptor mr(upstream, o);
+      ADD_FAILURE() << "stack_depth " << depth << " accepted";
+    } catch (const logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("stack_depth"), std::string::npos) << e.what();
+    }
+  }
+  tracking_options deepest;
+  deepest.capture_stacks = true;
+  deepest.stack_depth = 256;
+  tracking_adaptor mr(upstream, deepest);
+  stream s(0);
+  void* p = mr.allocate(256, s);
+  EXPECT_EQ(mr.live_count(), 1U);
+  mr.deallocate(p, 256, s);
 }
 
 }  // namespace

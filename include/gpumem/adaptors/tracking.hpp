@@ -25,7 +25,7 @@ namespace gpumem {
 
 struct tracking_options {
   bool capture_stacks = false;  // record the allocating stack (frames outside gpumem)
-  int stack_depth = 16;
+  int stack_depth = 16;         // frames kept, 1..256 (others: logic_error at construction)
   bool report_at_exit = true;   // leak report on stderr at destruction and exit, when any are live
   std::size_t report_limit = 20;  // allocations listed in a report; the rest are counted
 };
