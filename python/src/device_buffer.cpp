@@ -27,6 +27,7 @@
 #include "driver/driver.hpp"
 #include "gpumem/current_resource.hpp"
 #include "gpumem/device.hpp"
+#include "gpumem/device_buffer.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/event.hpp"
 #include "gpumem/memory_resource.hpp"
@@ -36,28 +37,35 @@ namespace {
 
 using resource_ptr = std::shared_ptr<memory_resource>;
 
+// The Python object around gpumem::device_buffer (include/gpumem/device_buffer.hpp),
+// which owns the memory: this adds the Python stream object it must keep alive,
+// the device copies use for host memory, and close().
 struct device_buffer {
-  void* ptr = nullptr;
-  std::size_t size = 0;
+  gpumem::device_buffer mem;  // empty for zero-size and closed buffers
+  std::size_t size = 0;       // bytes, as created (kept after close)
   CUstream stream = nullptr;
   int device = 0;       // for host memory: the device whose context copies use
   bool host = false;     // pinned host memory (a resource of device -1)
   bool closed = false;
-  resource_ptr resource;     // null for zero-size buffers
   nb::object stream_owner;   // the Python stream object, when one was given
 
   device_buffer() = default;
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
 
+  void* data() noexcept { return mem.data(); }
+  const void* data() const noexcept { return mem.data(); }
+  // The resource the memory came from; null for empty or closed buffers.
+  std::shared_ptr<memory_resource> resource() const { return mem.data() != nullptr ? mem.resource() : nullptr; }
+
   // Frees now; the memory is reused after the work queued on `stream` so far.
+  // The resource goes with the memory (the object holds neither afterwards).
   void close() {
-    void* p = std::exchange(ptr, nullptr);
     closed = true;
-    if (p == nullptr) return;
-    resource_ptr r = std::move(resource);
+    gpumem::device_buffer gone = std::move(mem);
+    if (gone.data() == nullptr) return;
     nb::gil_scoped_release release;
-    r->deallocate(p, size, stream);
+    gone.release();  // what the resource says about the free, it says here
   }
 
   ~device_buffer() {
@@ -96,20 +104,17 @@ void construct(device_buffer* self, nb::handle size_arg, nb::handle stream, std:
   } else {
     dev = device ? *device : current_device();
   }
-  void* p = nullptr;
+  gpumem::device_buffer mem;  // zero bytes: nothing allocated, no resource held
   if (size != 0) {
     nb::gil_scoped_release release;
-    p = resource->allocate(size, s.handle);
-  } else {
-    resource.reset();  // nothing to give back
+    mem = gpumem::device_buffer(size, stream_view(s.handle), std::move(resource));
   }
   device_buffer* b = new (self) device_buffer();
-  b->ptr = p;
+  b->mem = std::move(mem);
   b->size = size;
   b->stream = s.handle;
   b->device = dev;
   b->host = host;
-  b->resource = std::move(resource);
   b->stream_owner = std::move(s.owner);
 }
 
@@ -139,7 +144,7 @@ void copy_from_host(device_buffer& b, nb::handle src) {
     throw logic_error("gpumem.DeviceBuffer.copy_from_host: the source has " + std::to_string(in.view.len) +
                       " bytes, the buffer " + std::to_string(b.size));
   }
-  copy(b, b.ptr, in.view.buf, b.size);
+  copy(b, b.data(), in.view.buf, b.size);
 }
 
 nb::object copy_to_host(device_buffer& b, nb::handle out) {
@@ -147,7 +152,7 @@ nb::object copy_to_host(device_buffer& b, nb::handle out) {
   if (out.is_none()) {
     nb::object bytes = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(b.size)));
     if (!bytes.is_valid()) throw nb::python_error();
-    copy(b, PyBytes_AS_STRING(bytes.ptr()), b.ptr, b.size);
+    copy(b, PyBytes_AS_STRING(bytes.ptr()), b.data(), b.size);
     return bytes;
   }
   py_buffer o(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE);
@@ -155,7 +160,7 @@ nb::object copy_to_host(device_buffer& b, nb::handle out) {
     throw logic_error("gpumem.DeviceBuffer.copy_to_host: the destination has " + std::to_string(o.view.len) +
                       " bytes, the buffer " + std::to_string(b.size));
   }
-  copy(b, o.view.buf, b.ptr, b.size);
+  copy(b, o.view.buf, b.data(), b.size);
   return nb::borrow(out);
 }
 
@@ -165,7 +170,7 @@ nb::dict cuda_array_interface(const device_buffer& b) {
   d["shape"] = nb::make_tuple(b.size);
   d["strides"] = nb::none();
   d["typestr"] = "|u1";
-  d["data"] = nb::make_tuple(reinterpret_cast<std::uintptr_t>(b.ptr), false);
+  d["data"] = nb::make_tuple(reinterpret_cast<std::uintptr_t>(b.data()), false);
   d["version"] = 3;
   // Consumers synchronize on the stream the memory was allocated on. An empty
   // buffer has nothing to wait for.
@@ -291,7 +296,7 @@ nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version,
   ctx->owner = self.ptr();
   Py_INCREF(ctx->owner);
   dlpack::DLTensor t{};
-  t.data = b.ptr;
+  t.data = const_cast<void*>(b.data());
   t.device = {dl_device_of(b).first, dl_device_of(b).second};
   t.ndim = 1;
   t.dtype = {dlpack::kDLUInt, 8, 1};
@@ -342,13 +347,13 @@ void bind_device_buffer(nb::module_& m) {
                                                        nb::arg("device") = device,
                                                        nb::arg("resource") = resource);
             device_buffer& b = nb::cast<device_buffer&>(obj);
-            copy(b, b.ptr, in.view.buf, b.size);
+            copy(b, b.data(), in.view.buf, b.size);
             return obj;
           },
           nb::arg("data"), nb::arg("stream").none() = nb::none(), nb::kw_only(), nb::arg("device") = nb::none(),
           nb::arg("resource").none() = nb::none(),
           "A new buffer holding a copy of `data` (any C-contiguous buffer-protocol object).")
-      .def_prop_ro("ptr", [](const device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.ptr); },
+      .def_prop_ro("ptr", [](const device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.data()); },
                    "The device address as an int (0 for an empty or closed buffer).")
       .def_prop_ro("size", [](const device_buffer& b) { return b.size; }, "Bytes.")
       .def_prop_ro("nbytes", [](const device_buffer& b) { return b.size; }, "Bytes (the same as size).")
@@ -357,7 +362,7 @@ void bind_device_buffer(nb::module_& m) {
                    "copies use).")
       .def_prop_ro("stream", [](const device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.stream); },
                    "The raw handle of the stream the buffer was allocated on and will be freed on.")
-      .def_prop_ro("resource", [](const device_buffer& b) { return b.resource; },
+      .def_prop_ro("resource", [](const device_buffer& b) { return b.resource(); },
                    "The resource the memory came from (None for empty or closed buffers).")
       .def_prop_ro("closed", [](const device_buffer& b) { return b.closed; }, "True after close().")
       .def("close", &device_buffer::close,
@@ -378,7 +383,7 @@ void bind_device_buffer(nb::module_& m) {
       .def("__repr__", [](const device_buffer& b) {
         char buf[128];
         std::snprintf(buf, sizeof buf, "<gpumem.DeviceBuffer ptr=0x%zx size=%zu device=%d%s>",
-                      reinterpret_cast<std::size_t>(b.ptr), b.size, b.device, b.closed ? " closed" : "");
+                      reinterpret_cast<std::size_t>(b.data()), b.size, b.device, b.closed ? " closed" : "");
         return std::string(buf);
       });
 }
