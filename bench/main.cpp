@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "cli/command_line.hpp"
 #include "gpumem/backend.hpp"
 #include "harness.hpp"
 #include "gpumem/device.hpp"
@@ -33,60 +33,32 @@
 #include "plot.hpp"
 #include "report.hpp"
 
-#ifndef GPUMEM_BENCH_VERSION
-#define GPUMEM_BENCH_VERSION "unknown"
-#endif
-
 namespace gpumem::bench {
 namespace {
 
 constexpr int exit_ok = 0;
 constexpr int exit_failure = 1;
-constexpr int exit_usage = 2;
 constexpr int quick_cell_budget_seconds = 3;  // --quick without --cell-budget-s
 
 struct usage_error {
   std::string message;
 };
 
-void print_help(std::ostream& out) {
-  out << "usage: gpumem-bench [options]\n"
-         "\n"
-         "Measures gpumem's resources and peer allocators on the standard workloads\n"
-         "(docs/benchmarks-method.md, Workloads) on device 0 and prints one table per\n"
-         "workload: each cell is the median over the repetitions and, in parentheses, its\n"
-         "ratio to the best peer in that column, taken so that below 1 is better than the\n"
-         "best peer in every column (inverted where higher is better, as ops/s). Progress\n"
-         "goes to stderr (a line per row on a terminal, per workload otherwise); a verdict\n"
-         "closes the run.\n"
-         "\n"
-         "options:\n"
-         "  --workloads LIST   comma-separated ids or names to run (default: all), e.g. W1,W3\n"
-         "  --subjects LIST    comma-separated rows to run (default: all), e.g.\n"
-         "                     \"gpumem cuda_resource,cuMemAllocAsync\"\n"
-         "  --reps N           timed repetitions per cell, after a warm-up (default 5; 2 with "
-         "--quick)\n"
-         "  --rep-ms MS        what a calibrated repetition aims to last (default 100; 10 with "
-         "--quick)\n"
-         "  --quick            smoke run for CI: fewer ops and repetitions, --cell-budget-s 3\n"
-         "  --cell-budget-s S  bound each cell's time: fewer repetitions where one is long (at\n"
-         "                     least one), W3 thread counts estimated not to fit are skipped\n"
-         "  --time-limit-s S   stop measuring after S seconds: what is left is skipped, and the\n"
-         "                     tables, JSON and charts are written all the same\n"
-         "  --traces LIST      W5's allocation logs: comma-separated CSV files or folders of\n"
-         "                     them (default: the logs kept in the source tree, bench/traces)\n"
-         "  --json FILE        also write every result, with all repetitions, to FILE\n"
-         "  --plot DIR         also write charts (SVG) into DIR: W3 throughput against threads,\n"
-         "                     W5 reserved and live bytes over each trace, W8 kernel\n"
-         "                     throughput with / without an allocating thread per row\n"
-         "  --list             list the workloads and subjects and exit\n"
-         "  --help             show this and exit\n"
-         "\n"
-         "environment: GPUMEM_BACKEND=cuda|sim chooses the backend; unset, gpumem-bench uses\n"
-         "the CUDA driver when a GPU is usable and the host simulator otherwise.\n"
-         "exit status: 0 ok (rows that ran out of memory are reported, not fatal),\n"
-         "1 a workload errored unexpectedly, 2 bad arguments.\n";
-}
+// The command line (tools/cli/command_line.hpp: --opt value or --opt=value, --help,
+// --version, exit status 2 for a usage error).
+constexpr const char* description =
+    "Measures gpumem's resources and peer allocators on the standard workloads\n"
+    "(docs/benchmarks-method.md, Workloads) on device 0 and prints one table per\n"
+    "workload: each cell is the median over the repetitions and, in parentheses, its\n"
+    "ratio to the best peer in that column, taken so that below 1 is better than the\n"
+    "best peer in every column (inverted where higher is better, as ops/s). Progress\n"
+    "goes to stderr (a line per row on a terminal, per workload otherwise); a verdict\n"
+    "closes the run.";
+constexpr const char* epilog =
+    "environment: GPUMEM_BACKEND=cuda|sim chooses the backend; unset, gpumem-bench uses\n"
+    "the CUDA driver when a GPU is usable and the host simulator otherwise.\n"
+    "exit status: 0 ok (rows that ran out of memory are reported, not fatal),\n"
+    "1 a workload errored unexpectedly, 2 bad arguments.";
 
 void print_list(std::ostream& out) {
   out << "workloads:\n";
@@ -123,74 +95,76 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
   return out;
 }
 
-int parse_int(const std::string& flag, const std::string& value, int lo, int hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) {
-    throw usage_error{flag + " wants a whole number from " + std::to_string(lo) + " to " +
-                      std::to_string(hi) + ", not '" + value + "'"};
-  }
-  return static_cast<int>(v);
-}
-
-options parse_arguments(int argc, char** argv, bool& help, bool& list) {
-  options opts;
+// Parses the command line into `opts`; an exit status when the program is to stop
+// (--help, --version, --list, a usage error).
+std::optional<int> parse_arguments(int argc, char** argv, options& opts) {
+  CLI::App app(description, "gpumem-bench");
+  tools::apply_conventions(app, epilog);
+  std::string workloads, subjects, traces;
   std::optional<int> reps, rep_ms;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::optional<std::string> inline_value;
-    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = arg.substr(eq + 1);
-      arg.resize(eq);
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw usage_error{arg + " needs a value"};
-      return argv[++i];
-    };
-    auto no_value = [&] {
-      if (inline_value) throw usage_error{arg + " takes no value"};
-    };
-    if (arg == "--help" || arg == "-h") {
-      no_value();
-      help = true;
-    } else if (arg == "--list") {
-      no_value();
-      list = true;
-    } else if (arg == "--quick") {
-      no_value();
-      opts.quick = true;
-    } else if (arg == "--reps") {
-      reps = parse_int(arg, value(), 1, 1000);
-    } else if (arg == "--rep-ms") {
-      rep_ms = parse_int(arg, value(), 1, 60000);
-    } else if (arg == "--json") {
-      opts.json_path = value();
-      if (opts.json_path.empty()) throw usage_error{"--json needs a file name"};
-    } else if (arg == "--plot") {
-      opts.plot_dir = value();
-      if (opts.plot_dir.empty()) throw usage_error{"--plot needs a folder"};
-    } else if (arg == "--traces") {
-      opts.traces = split_list(arg, value());
-    } else if (arg == "--cell-budget-s") {
-      opts.cell_budget_seconds = parse_int(arg, value(), 1, 86400);
-    } else if (arg == "--time-limit-s") {
-      opts.time_limit_seconds = parse_int(arg, value(), 1, 86400);
-    } else if (arg == "--workloads") {
-      opts.workloads = split_list(arg, value());
-    } else if (arg == "--subjects") {
-      opts.subjects = split_list(arg, value());
-    } else {
-      throw usage_error{"unknown argument '" + std::string(argv[i]) + "'"};
-    }
+  int cell_budget_seconds = 0, time_limit_seconds = 0;
+  bool list = false;
+  app.add_option("--workloads", workloads,
+                 "comma-separated ids or names to run (default: all), e.g. W1,W3")
+      ->type_name("LIST");
+  app.add_option("--subjects", subjects,
+                 "comma-separated rows to run (default: all), e.g.\n"
+                 "\"gpumem cuda_resource,cuMemAllocAsync\"")
+      ->type_name("LIST");
+  app.add_option("--reps", reps,
+                 "timed repetitions per cell, after a warm-up (default 5;\n2 with --quick)")
+      ->type_name("N")
+      ->check(tools::whole_number(1, 1000));
+  app.add_option("--rep-ms", rep_ms,
+                 "what a calibrated repetition aims to last (default 100;\n10 with --quick)")
+      ->type_name("MS")
+      ->check(tools::whole_number(1, 60000));
+  app.add_flag("--quick", opts.quick,
+               "smoke run for CI: fewer ops and repetitions,\n--cell-budget-s 3");
+  app.add_option("--cell-budget-s", cell_budget_seconds,
+                 "bound each cell's time: fewer repetitions where one is\n"
+                 "long (at least one), W3 thread counts estimated not to\nfit are skipped")
+      ->type_name("S")
+      ->check(tools::whole_number(1, 86400));
+  app.add_option("--time-limit-s", time_limit_seconds,
+                 "stop measuring after S seconds: what is left is skipped,\n"
+                 "and the tables, JSON and charts are written all the same")
+      ->type_name("S")
+      ->check(tools::whole_number(1, 86400));
+  app.add_option("--traces", traces,
+                 "W5's allocation logs: comma-separated CSV files or\n"
+                 "folders of them (default: the logs kept in the source\ntree, bench/traces)")
+      ->type_name("LIST");
+  app.add_option("--json", opts.json_path, "also write every result, with all repetitions, to FILE")
+      ->type_name("FILE");
+  app.add_option("--plot", opts.plot_dir,
+                 "also write charts (SVG) into DIR: W3 throughput against\n"
+                 "threads, W5 reserved and live bytes over each trace, W8\n"
+                 "kernel throughput with / without an allocating thread\nper row")
+      ->type_name("DIR");
+  app.add_flag("--list", list, "list the workloads and subjects and exit");
+  if (auto stop = tools::parse_command_line(app, argc, argv)) return stop;
+  try {
+    if (app.count("--json") > 0 && opts.json_path.empty()) throw usage_error{"--json needs a file name"};
+    if (app.count("--plot") > 0 && opts.plot_dir.empty()) throw usage_error{"--plot needs a folder"};
+    if (app.count("--workloads") > 0) opts.workloads = split_list("--workloads", workloads);
+    if (app.count("--subjects") > 0) opts.subjects = split_list("--subjects", subjects);
+    if (app.count("--traces") > 0) opts.traces = split_list("--traces", traces);
+  } catch (const usage_error& e) {
+    return tools::usage_error(app, e.message);
   }
+  if (list) {
+    print_list(std::cout);
+    return exit_ok;
+  }
+  opts.cell_budget_seconds = cell_budget_seconds;
+  opts.time_limit_seconds = time_limit_seconds;
   // The quick run bounds its cells too: a row a hundred times slower than the
   // rest (pinned host memory at 16 threads) would otherwise be most of its time.
   if (opts.quick && opts.cell_budget_seconds <= 0) opts.cell_budget_seconds = quick_cell_budget_seconds;
   opts.reps = reps.value_or(opts.quick ? 2 : 5);
   opts.rep_seconds = rep_ms.value_or(opts.quick ? 10 : 100) / 1000.0;
-  return opts;
+  return std::nullopt;
 }
 
 std::vector<const workload*> select_workloads(const options& opts) {
@@ -298,7 +272,7 @@ run_info open_device(int device) {
   }
   set_current_device(device);
   run_info info;
-  info.gpumem_version = GPUMEM_BENCH_VERSION;
+  info.gpumem_version = GPUMEM_VERSION;
   info.backend = std::string(to_string(kind));
   info.device = device;
   info.device_name = device_name(device);
@@ -312,21 +286,12 @@ run_info open_device(int device) {
 }
 
 int run(int argc, char** argv) {
-  bool help = false, list = false;
   options opts;
   std::vector<const workload*> workloads;
   std::vector<const subject*> subjects;
   std::ofstream json;
+  if (const auto stop = parse_arguments(argc, argv, opts)) return *stop;
   try {
-    opts = parse_arguments(argc, argv, help, list);
-    if (help) {
-      print_help(std::cout);
-      return exit_ok;
-    }
-    if (list) {
-      print_list(std::cout);
-      return exit_ok;
-    }
     workloads = select_workloads(opts);
     subjects = select_subjects(opts);
     if (!opts.json_path.empty()) {
@@ -343,7 +308,7 @@ int run(int argc, char** argv) {
     }
   } catch (const usage_error& e) {
     std::cerr << "gpumem-bench: " << e.message << "\nTry 'gpumem-bench --help'.\n";
-    return exit_usage;
+    return tools::exit_usage;
   }
 
   run_info info;

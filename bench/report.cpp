@@ -7,6 +7,8 @@
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 namespace gpumem::bench {
 namespace {
 
@@ -70,35 +72,6 @@ std::string pad(const std::string& s, std::size_t width, bool right) {
   if (s.size() >= width) return s;
   const std::string fill(width - s.size(), ' ');
   return right ? fill + s : s + fill;
-}
-
-// ---- JSON: a writer just big enough for this file ----
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
 }
 
 }  // namespace
@@ -384,100 +357,102 @@ void print_table(std::ostream& out, const run_info& info, const options& opts,
   }
 }
 
+// ---- the JSON file ----------------------------------------------------------
+// Keys in the order written here (ordered_json); numbers that are not finite are
+// written as null; strings are escaped, and bytes that are not UTF-8 (a device or
+// file name) are replaced rather than failing the write.
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json number_or_null(std::optional<double> v) { return v ? json(*v) : json(nullptr); }
+
+json cell_json(const workload_result& res, std::size_t r, std::size_t col) {
+  const cell& c = res.rows[r].cells[col];
+  json out;
+  out["variant"] = res.columns[col].label;
+  out["status"] = std::string(status_name(c.status));
+  if (c.status != cell_status::ok) {
+    out["message"] = c.message;
+    if (c.outcome.empty() || c.reps.empty()) return out;
+    out["outcome"] = c.outcome;  // and the time it took, below
+  }
+  out["unit"] = res.columns[col].unit;
+  out["median"] = c.median();
+  out["min"] = c.min();
+  out["max"] = c.max();
+  out["iterations"] = c.iterations;
+  out["ratio_to_best_peer"] = number_or_null(ratio_to_best_peer(res, r, col));
+  out["reps"] = c.reps;
+  if (c.cut_by_budget) out["cut_by_budget"] = true;
+  if (!c.curves.empty()) {
+    json curves = json::array();
+    for (const series& cv : c.curves) curves.push_back(json{{"name", cv.name}, {"x", cv.x}, {"y", cv.y}});
+    out["curves"] = std::move(curves);
+  }
+  return out;
+}
+
+json workload_json(const options& opts, const workload_result& res) {
+  json out;
+  out["id"] = std::string(res.w->id());
+  out["name"] = std::string(res.w->name());
+  out["figure"] = std::string(res.w->figure());
+  out["method"] = res.w->method(opts);
+  out["notes"] = res.w->notes(res);
+  json columns = json::array();
+  for (std::size_t col = 0; col < res.columns.size(); ++col) {
+    const column& c = res.columns[col];
+    const auto best = best_peer(res, col);
+    columns.push_back(json{{"variant", c.label},
+                           {"unit", c.unit},
+                           {"lower_is_better", c.lower_is_better},
+                           {"derived", c.derived},
+                           {"group", c.group},
+                           {"best_peer", best ? json(std::string(res.rows[*best].s->name)) : json(nullptr)}});
+  }
+  out["columns"] = std::move(columns);
+  json subjects = json::array();
+  for (std::size_t r = 0; r < res.rows.size(); ++r) {
+    json results = json::array();
+    for (std::size_t col = 0; col < res.rows[r].cells.size(); ++col) results.push_back(cell_json(res, r, col));
+    subjects.push_back(json{{"name", std::string(res.rows[r].s->name)},
+                            {"kind", std::string(kind_name(res.rows[r].s->kind))},
+                            {"results", std::move(results)}});
+  }
+  out["subjects"] = std::move(subjects);
+  return out;
+}
+
+}  // namespace
+
 void write_json(std::ostream& out, const run_info& info, const options& opts,
                 const std::vector<workload_result>& results) {
-  out << "{\n"
-      << "  \"tool\": \"gpumem-bench\",\n"
-      << "  \"gpumem_version\": " << json_string(info.gpumem_version) << ",\n"
-      << "  \"backend\": " << json_string(info.backend) << ",\n"
-      << "  \"device\": {\"index\": " << info.device
-      << ", \"name\": " << json_string(info.device_name)
-      << ", \"total_bytes\": " << info.total_bytes << "},\n"
-      << "  \"driver_version\": " << info.driver_version << ",\n"
-      << "  \"kernel_driver\": "
-      << (info.kernel_driver.empty() ? std::string("null") : json_string(info.kernel_driver))
-      << ",\n"
-      << "  \"cuda_header_version\": " << info.cuda_header_version << ",\n"
-      << "  \"started_utc\": " << json_string(info.started_utc) << ",\n"
-      << "  \"host_threads\": " << info.host_threads << ",\n"
-      << "  \"options\": {\"reps\": " << opts.reps
-      << ", \"quick\": " << (opts.quick ? "true" : "false")
-      << ", \"rep_seconds\": " << json_number(opts.rep_seconds)
-      << ", \"cell_budget_seconds\": " << json_number(opts.cell_budget_seconds) << "},\n"
-      << "  \"peer_libraries\": [";
-  for (std::size_t i = 0; i < info.peer_libraries.size(); ++i)
-    out << (i ? ", " : "") << json_string(info.peer_libraries[i]);
-  out << "],\n  \"not_measured\": [";
-  for (std::size_t i = 0; i < info.not_measured.size(); ++i) {
-    out << (i ? ", " : "") << "{\"subject\": " << json_string(info.not_measured[i].first)
-        << ", \"why\": " << json_string(info.not_measured[i].second) << "}";
+  json doc;
+  doc["tool"] = "gpumem-bench";
+  doc["gpumem_version"] = info.gpumem_version;
+  doc["backend"] = info.backend;
+  doc["device"] = json{{"index", info.device}, {"name", info.device_name}, {"total_bytes", info.total_bytes}};
+  doc["driver_version"] = info.driver_version;
+  doc["kernel_driver"] = info.kernel_driver.empty() ? json(nullptr) : json(info.kernel_driver);
+  doc["cuda_header_version"] = info.cuda_header_version;
+  doc["started_utc"] = info.started_utc;
+  doc["host_threads"] = info.host_threads;
+  doc["options"] = json{{"reps", opts.reps},
+                        {"quick", opts.quick},
+                        {"rep_seconds", opts.rep_seconds},
+                        {"cell_budget_seconds", opts.cell_budget_seconds}};
+  doc["peer_libraries"] = info.peer_libraries;
+  json not_measured = json::array();
+  for (const auto& [subject, why] : info.not_measured) {
+    not_measured.push_back(json{{"subject", subject}, {"why", why}});
   }
-  out << "],\n  \"workloads\": [";
-  for (std::size_t wi = 0; wi < results.size(); ++wi) {
-    const workload_result& res = results[wi];
-    out << (wi ? "," : "") << "\n    {\"id\": " << json_string(res.w->id())
-        << ", \"name\": " << json_string(res.w->name())
-        << ", \"figure\": " << json_string(res.w->figure())
-        << ", \"method\": " << json_string(res.w->method(opts)) << ",\n     \"notes\": [";
-    const std::vector<std::string> notes = res.w->notes(res);
-    for (std::size_t i = 0; i < notes.size(); ++i) out << (i ? ", " : "") << json_string(notes[i]);
-    out << "],\n     \"columns\": [";
-    for (std::size_t col = 0; col < res.columns.size(); ++col) {
-      const column& c = res.columns[col];
-      const auto best = best_peer(res, col);
-      out << (col ? ", " : "") << "{\"variant\": " << json_string(c.label)
-          << ", \"unit\": " << json_string(c.unit)
-          << ", \"lower_is_better\": " << (c.lower_is_better ? "true" : "false")
-          << ", \"derived\": " << (c.derived ? "true" : "false")
-          << ", \"group\": " << json_string(c.group)
-          << ", \"best_peer\": " << (best ? json_string(res.rows[*best].s->name) : "null") << "}";
-    }
-    out << "],\n     \"subjects\": [";
-    for (std::size_t r = 0; r < res.rows.size(); ++r) {
-      const auto& row = res.rows[r];
-      out << (r ? "," : "") << "\n      {\"name\": " << json_string(row.s->name)
-          << ", \"kind\": " << json_string(kind_name(row.s->kind)) << ", \"results\": [";
-      for (std::size_t col = 0; col < row.cells.size(); ++col) {
-        const cell& c = row.cells[col];
-        out << (col ? "," : "") << "\n        {\"variant\": " << json_string(res.columns[col].label)
-            << ", \"status\": " << json_string(status_name(c.status));
-        if (c.status != cell_status::ok) {
-          out << ", \"message\": " << json_string(c.message);
-          if (c.outcome.empty() || c.reps.empty()) {
-            out << "}";
-            continue;
-          }
-          out << ", \"outcome\": " << json_string(c.outcome);  // and the time it took, below
-        }
-        const auto ratio = ratio_to_best_peer(res, r, col);
-        out << ", \"unit\": " << json_string(res.columns[col].unit)
-            << ", \"median\": " << json_number(c.median()) << ", \"min\": " << json_number(c.min())
-            << ", \"max\": " << json_number(c.max()) << ", \"iterations\": " << c.iterations
-            << ", \"ratio_to_best_peer\": " << (ratio ? json_number(*ratio) : "null")
-            << ", \"reps\": [";
-        for (std::size_t i = 0; i < c.reps.size(); ++i)
-          out << (i ? ", " : "") << json_number(c.reps[i]);
-        out << "]";
-        if (c.cut_by_budget) out << ", \"cut_by_budget\": true";
-        if (!c.curves.empty()) {
-          out << ", \"curves\": [";
-          for (std::size_t k = 0; k < c.curves.size(); ++k) {
-            const series& cv = c.curves[k];
-            out << (k ? ", " : "") << "{\"name\": " << json_string(cv.name) << ", \"x\": [";
-            for (std::size_t i = 0; i < cv.x.size(); ++i) out << (i ? "," : "") << json_number(cv.x[i]);
-            out << "], \"y\": [";
-            for (std::size_t i = 0; i < cv.y.size(); ++i) out << (i ? "," : "") << json_number(cv.y[i]);
-            out << "]}";
-          }
-          out << "]";
-        }
-        out << "}";
-      }
-      out << "]}";
-    }
-    out << "]}";
-  }
-  out << "\n  ]\n}\n";
+  doc["not_measured"] = std::move(not_measured);
+  json workloads = json::array();
+  for (const workload_result& res : results) workloads.push_back(workload_json(opts, res));
+  doc["workloads"] = std::move(workloads);
+  out << doc.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
 }  // namespace gpumem::bench

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/command_line.hpp"
 #include "gpumem/backend.hpp"
 #include "gpumem/current_resource.hpp"
 #include "gpumem/device.hpp"
@@ -95,8 +96,25 @@ void worker(int id, int steps, std::size_t scale) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 20;
-  const std::size_t scale = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : 8;
+  int steps = 20;
+  int scale_arg = 8;
+  CLI::App app(
+      "A small program shaped like a training loop on the current resource (GPUMEM_CONF):\n"
+      "two threads, each with its own stream, hold weights and run STEPS steps of\n"
+      "activations and workspaces; every fifth step asks for a larger batch.",
+      "gpumem-example-training");
+  gpumem::tools::apply_conventions(
+      app,
+      "environment: GPUMEM_CONF chooses the resource (docs/configuration.md), e.g.\n"
+      "GPUMEM_CONF=pool,log=run.csv,sites to log it for gpumem-report; GPUMEM_BACKEND=cuda|sim\n"
+      "the backend.\n"
+      "exit status: 0 ran, 1 error (a bad GPUMEM_CONF included), 2 bad arguments");
+  app.add_option("STEPS", steps, "steps each thread runs (default 20)")
+      ->check(gpumem::tools::whole_number(0, 1000000));
+  app.add_option("SCALE", scale_arg, "a multiplier of every buffer's size (default 8; the\nsecond thread uses half)")
+      ->check(gpumem::tools::whole_number(1, 4096));
+  if (const auto stop = gpumem::tools::parse_command_line(app, argc, argv)) return *stop;
+  const auto scale = static_cast<std::size_t>(scale_arg);
   try {
     const auto kind = gpumem::select_backend(gpumem::backend_choice::cuda_or_sim);
     std::printf("gpumem-example-training: %s, device 0: %s, %d steps, scale %zu\n",

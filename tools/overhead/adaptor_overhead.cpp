@@ -13,13 +13,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cli/command_line.hpp"
 #include "gpumem/adaptors/limiting.hpp"
 #include "gpumem/adaptors/logging.hpp"
 #include "gpumem/adaptors/statistics.hpp"
@@ -70,17 +70,26 @@ struct row {
 
 int main(int argc, char** argv) {
   int rounds = 31;
-  std::size_t op_count = 20000;
+  long long op_count_arg = 20000;
   bool all_rows = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) op_count = std::strtoull(argv[++i], nullptr, 10);
-    else if (std::strcmp(argv[i], "--all") == 0) all_rows = true;
-    else {
-      std::fprintf(stderr, "usage: gpumem-adaptor-overhead [--rounds N] [--ops N] [--all]\n");
-      return 2;
-    }
-  }
+  CLI::App app(
+      "What the statistics adaptor (and, with --all, the other adaptors) add to pool_resource on\n"
+      "W2, gpumem-bench's random workload: the median over interleaved rounds of ns per op.",
+      "gpumem-adaptor-overhead");
+  gpumem::tools::apply_conventions(
+      app,
+      "environment: GPUMEM_BACKEND=cuda|sim chooses the backend; unset, the CUDA driver when a\n"
+      "GPU is usable, else the host simulator.\n"
+      "exit status: 0 measured, 2 bad arguments");
+  app.add_option("--rounds", rounds, "interleaved rounds, the figure is their median\n(default 31)")
+      ->type_name("N")
+      ->check(gpumem::tools::whole_number(1, 100000));
+  app.add_option("--ops", op_count_arg, "W2 ops per round (default 20000)")
+      ->type_name("N")
+      ->check(gpumem::tools::whole_number(1, 100000000));
+  app.add_flag("--all", all_rows, "also the limiting, tracking and logging adaptors");
+  if (const auto stop = gpumem::tools::parse_command_line(app, argc, argv)) return *stop;
+  const auto op_count = static_cast<std::size_t>(op_count_arg);
   const auto kind = gpumem::select_backend(gpumem::backend_choice::cuda_or_sim);
   std::printf("backend %s, device 0: %s; W2 (%zu ops), median of %d interleaved rounds\n",
               std::string(gpumem::to_string(kind)).c_str(), gpumem::device_name(0).c_str(),

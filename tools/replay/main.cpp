@@ -2,12 +2,15 @@
 // string), optionally on a simulated device of a given size, and reports the
 // time, the peak of live and of reserved bytes, and the failures.
 // docs/observability.md ("Replaying a log") describes it.
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "cli/command_line.hpp"
 #include "common/event_log_reader.hpp"
 #include "gpumem/backend.hpp"
 #include "gpumem/device.hpp"
@@ -16,61 +19,45 @@
 
 namespace {
 
-const char* usage =
-    "usage: gpumem-replay LOG [options]\n"
-    "  --resource CONF        resource to replay against, GPUMEM_CONF grammar (default: pool)\n"
-    "  --device-memory SIZE   run on the simulator with devices of SIZE bytes (e.g. 16GiB)\n"
-    "  --device N             device to replay on (default 0)\n"
-    "  --order seq|thread     seq: the log's global order, exact peaks (default);\n"
-    "                         thread: each thread in its own order, frees wait for their allocation\n"
-    "  --source NAME          rows to replay (default: app)\n"
-    "  --json FILE            also write the results as JSON\n"
-    "exit status: 0 replayed (allocation failures included), 1 error, 2 bad arguments\n";
+constexpr const char* description =
+    "Replays a gpumem event log against any resource (a GPUMEM_CONF string), optionally\n"
+    "on a simulated device of a given size, and reports the time, the peak of live and\n"
+    "of reserved bytes, and the failures (docs/observability.md, \"Replaying a log\").";
+constexpr const char* epilog =
+    "environment: GPUMEM_BACKEND=cuda|sim chooses the backend (--device-memory: the\n"
+    "simulator); unset, the CUDA driver when a GPU is usable, else the simulator.\n"
+    "exit status: 0 replayed (allocation failures included), 1 error, 2 bad arguments";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string log_path, json_path, device_memory;
+  std::string log_path, json_path, device_memory, order = "seq";
   gpumem::tools::replay_options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "gpumem-replay: %s needs a value\n%s", a.c_str(), usage);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--resource") options.resource = value();
-    else if (a == "--device-memory") device_memory = value();
-    else if (a == "--device") options.device = std::atoi(value().c_str());
-    else if (a == "--source") options.source = value();
-    else if (a == "--json") json_path = value();
-    else if (a == "--order") {
-      const std::string o = value();
-      if (o == "seq") options.order = gpumem::tools::replay_order::seq;
-      else if (o == "thread") options.order = gpumem::tools::replay_order::thread;
-      else {
-        std::fprintf(stderr, "gpumem-replay: --order takes seq or thread, not \"%s\"\n", o.c_str());
-        return 2;
-      }
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      return 0;
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "gpumem-replay: unknown option %s\n%s", a.c_str(), usage);
-      return 2;
-    } else if (log_path.empty()) {
-      log_path = a;
-    } else {
-      std::fprintf(stderr, "gpumem-replay: one log at a time\n%s", usage);
-      return 2;
-    }
-  }
-  if (log_path.empty()) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
+  CLI::App app(description, "gpumem-replay");
+  gpumem::tools::apply_conventions(app, epilog);
+  app.add_option("LOG", log_path, "the event log (CSV) to replay")->type_name("FILE")->required();
+  app.add_option("--resource", options.resource,
+                 "resource to replay against, GPUMEM_CONF grammar\n(default: pool)")
+      ->type_name("CONF");
+  app.add_option("--device-memory", device_memory,
+                 "run on the simulator with devices of SIZE bytes\n(e.g. 16GiB)")
+      ->type_name("SIZE");
+  app.add_option("--device", options.device, "device to replay on (default 0)")
+      ->type_name("N")
+      ->check(gpumem::tools::whole_number(0, INT_MAX));
+  app.add_option("--order", order,
+                 "seq: the log's global order, exact peaks (default);\n"
+                 "thread: each thread in its own order, frees wait\nfor their allocation")
+      ->type_name("seq|thread")
+      ->check(CLI::Validator(
+          [](std::string& o) -> std::string {
+            return o == "seq" || o == "thread" ? "" : "takes seq or thread, not \"" + o + "\"";
+          },
+          "", "seq or thread"));
+  app.add_option("--source", options.source, "rows to replay (default: app)")->type_name("NAME");
+  app.add_option("--json", json_path, "also write the results as JSON")->type_name("FILE");
+  if (const auto stop = gpumem::tools::parse_command_line(app, argc, argv)) return *stop;
+  options.order = order == "thread" ? gpumem::tools::replay_order::thread : gpumem::tools::replay_order::seq;
   try {
     // The simulated device size must be in the environment before the backend starts.
     gpumem::backend_kind kind;
@@ -116,17 +103,28 @@ int main(int argc, char** argv) {
                 r.skipped);
     if (r.left_live > 0) std::printf("left live:      %zu allocation(s) the log never freed\n", r.left_live);
     if (!json_path.empty()) {
+      const nlohmann::ordered_json doc = {
+          {"tool", "gpumem-replay"},
+          {"log", log_path},
+          {"resource", options.resource},
+          {"backend", std::string(gpumem::to_string(kind))},
+          {"device_total_bytes", info.total_bytes},
+          {"order", order},
+          {"events", r.events_in_log},
+          {"replayed", r.replayed},
+          {"threads", r.threads},
+          {"streams", r.streams},
+          {"seconds", r.seconds},
+          {"peak_live_bytes", r.peak_live_bytes},
+          {"log_peak_live_bytes", r.log_peak_live_bytes},
+          {"peak_reserved_bytes", r.peak_reserved_bytes},
+          {"reserved_counted", r.reserved_counted},
+          {"log_peak_reserved_bytes", r.log_peak_reserved_bytes},
+          {"failures", r.failures},
+          {"skipped", r.skipped},
+          {"left_live", r.left_live}};
       std::ofstream out(json_path);
-      out << "{\"tool\":\"gpumem-replay\",\"log\":\"" << log_path << "\",\"resource\":\"" << options.resource
-          << "\",\"backend\":\"" << gpumem::to_string(kind) << "\",\"device_total_bytes\":" << info.total_bytes
-          << ",\"order\":\"" << (options.order == gpumem::tools::replay_order::seq ? "seq" : "thread")
-          << "\",\"events\":" << r.events_in_log << ",\"replayed\":" << r.replayed
-          << ",\"threads\":" << r.threads << ",\"streams\":" << r.streams << ",\"seconds\":" << r.seconds
-          << ",\"peak_live_bytes\":" << r.peak_live_bytes << ",\"log_peak_live_bytes\":" << r.log_peak_live_bytes
-          << ",\"peak_reserved_bytes\":" << r.peak_reserved_bytes
-          << ",\"reserved_counted\":" << (r.reserved_counted ? "true" : "false")
-          << ",\"log_peak_reserved_bytes\":" << r.log_peak_reserved_bytes << ",\"failures\":" << r.failures
-          << ",\"skipped\":" << r.skipped << ",\"left_live\":" << r.left_live << "}\n";
+      out << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       if (!out) {
         std::fprintf(stderr, "gpumem-replay: cannot write %s\n", json_path.c_str());
         return 1;

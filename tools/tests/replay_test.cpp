@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/event_log_reader.hpp"
 #include "gpumem/adaptors/logging.hpp"
 #include "gpumem/adaptors/statistics.hpp"
@@ -222,6 +224,23 @@ TEST(Replay, ASmallerSimulatedDeviceShowsTheFailures) {
                                          " --device-memory 4GiB --resource pool,maximum=90%");
   ASSERT_EQ(big.status, 0) << big.output;
   EXPECT_NE(big.output.find("failures:       0 allocation(s)"), std::string::npos) << big.output;
+}
+
+// The JSON is written by a JSON library: a log's name with a quote and a backslash
+// comes back as it was, and the keys keep their order.
+TEST(Replay, JsonEscapesTheLogsName) {
+  temp_file log("we\"ird\\name.csv");
+  record_single_thread(log.str());
+  temp_file json("escaped.json");
+  const command_result r = run_command(tool_path(GPUMEM_REPLAY_EXE) + " '" + log.str() +
+                                       "' --device-memory=1GiB --json=" + json.str());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string text = slurp(json.str());
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  EXPECT_EQ(j.at("log").get<std::string>(), log.str()) << text;
+  EXPECT_EQ(j.at("tool").get<std::string>(), "gpumem-replay");
+  EXPECT_EQ(text.rfind("{\"tool\":\"gpumem-replay\",\"log\":", 0), 0U) << text;
 }
 
 TEST(Replay, BadInputIsReported) {
