@@ -1,6 +1,7 @@
 // device_buffer (include/gpumem/device_buffer.hpp): untyped, stream-ordered
 // memory from any resource, with stream-ordered copies and reallocation.
 #include "gpumem/device_buffer.hpp"
+#include "diagnose.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -55,7 +56,7 @@ device_buffer::~device_buffer() {
   try {
     release();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem: device_buffer: freeing %zu bytes failed: %s\n", capacity_, e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem: device_buffer: freeing %zu bytes failed: %s\n", capacity_, e.what());
   }
 }
 
@@ -72,7 +73,7 @@ device_buffer& device_buffer::operator=(device_buffer&& other) noexcept {
     try {
       release();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "gpumem: device_buffer: freeing %zu bytes failed: %s\n", capacity_, e.what());
+      detail::diagnosef(diagnostic_level::error, "gpumem: device_buffer: freeing %zu bytes failed: %s\n", capacity_, e.what());
     }
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);

@@ -62,6 +62,16 @@ import sys as _sys
 
 _sys.modules[__name__ + ".sim"] = sim
 
+# gpumem's diagnostics (leak reports, statistics at exit, failures in destructors)
+# go to the logger "gpumem" while the interpreter runs, and to stderr after it
+# (python/src/diagnostics.cpp, Note [Diagnostics into logging]). Without a
+# handler configured, logging's last resort prints warnings and errors to stderr.
+import atexit as _atexit
+import logging as _logging
+
+_core._route_diagnostics(_logging.getLogger("gpumem"))
+_atexit.register(_core._stop_routing_diagnostics)
+
 # Devices whose current resource was chosen through set_current_resource (not the
 # default gpumem makes). gpumem.numba's reset() replaces only a default resource.
 _chosen_by_caller = set()

@@ -92,5 +92,6 @@ void bind_device_buffer(nb::module_& m);
 void bind_cupy_hook(nb::module_& m);
 void bind_ipc(nb::module_& m);
 void bind_config(nb::module_& m);
+void bind_diagnostics(nb::module_& m);     // gpumem's diagnostics into logging
 
 }  // namespace gpumem::python

@@ -25,4 +25,5 @@ NB_MODULE(_core, m) {
   gp::bind_cupy_hook(m);
   gp::bind_ipc(m);
   gp::bind_config(m);
+  gp::bind_diagnostics(m);
 }

@@ -14,6 +14,7 @@
 // default stream is a different stream on each thread under one handle, so frees
 // on it get an event each.
 #include "gpumem/adaptors/deferred_free.hpp"
+#include "diagnose.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -151,7 +152,7 @@ struct deferred_free_adaptor::impl {
       for (auto& e : b.events) spare_events.push_back(std::move(e));
     }
     if (error && cancelled_now > 0) {
-      std::fprintf(stderr,
+      detail::diagnosef(diagnostic_level::error,
                    "gpumem deferred_free_adaptor: a deallocation failed; the %zu free(s) (%s) queued "
                    "after it were cancelled\n",
                    cancelled_now, detail::human_bytes(cancelled_bytes_now).c_str());
@@ -217,13 +218,13 @@ deferred_free_adaptor::~deferred_free_adaptor() {
   try {
     impl_->flush(trigger::requested);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem deferred_free_adaptor: flushing at destruction: %s\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem deferred_free_adaptor: flushing at destruction: %s\n", e.what());
   }
   try {
     std::lock_guard serial(impl_->flush_mutex);
     if (impl_->own_stream) impl_->own_stream->synchronize();  // its waits use our events
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem deferred_free_adaptor: teardown: %s\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem deferred_free_adaptor: teardown: %s\n", e.what());
   }
 }
 
@@ -322,7 +323,7 @@ defer_cleanup::~defer_cleanup() {
   try {
     st.flush(*why);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem defer_cleanup: flushing at the end of the scope: %s\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem defer_cleanup: flushing at the end of the scope: %s\n", e.what());
   }
 }
 

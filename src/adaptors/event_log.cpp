@@ -1,6 +1,7 @@
 // event_log: the file, the sequence counter, per-thread rings and their draining
 // (event_log.hpp, Note [Log rings]).
 #include "adaptors/event_log.hpp"
+#include "diagnose.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -92,7 +93,7 @@ void event_log::impl::drain(ring& r) noexcept {
     }
     write(text);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem event_log %s: events lost: %s\n", path.c_str(), e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem event_log %s: events lost: %s\n", path.c_str(), e.what());
   }
 }
 
@@ -118,7 +119,7 @@ void event_log::impl::write(const std::string& text) noexcept {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       write_failed = true;
-      std::fprintf(stderr, "gpumem event_log: cannot write %s: %s; logging stops\n", path.c_str(),
+      detail::diagnosef(diagnostic_level::error, "gpumem event_log: cannot write %s: %s; logging stops\n", path.c_str(),
                    std::strerror(errno));
       return;
     }

@@ -1,6 +1,7 @@
 // statistics_adaptor (include/gpumem/adaptors/statistics.hpp): per-thread counters,
 // peaks estimated on the hot path, scopes. Read Note [Per-thread slots] first.
 #include "gpumem/adaptors/statistics.hpp"
+#include "diagnose.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -165,7 +166,7 @@ struct statistics_adaptor::state final : detail::exit_hook {
     try {
       std::lock_guard lock(scopes_mutex);
       const allocation_counters c = whole_life();
-      std::fprintf(stderr,
+      detail::diagnosef(diagnostic_level::info,
                    "gpumem %s: peak %s in %zu allocation(s); %s in %zu allocation(s) in total; "
                    "%s in %zu allocation(s) live\n",
                    opt.name, detail::human_bytes(c.peak_bytes).c_str(), c.peak_count,

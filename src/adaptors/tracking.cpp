@@ -14,6 +14,7 @@
 #include "text.hpp"
 #include "adaptors/log_format.hpp"
 #include "adaptors/per_thread.hpp"
+#include "gpumem/diagnostics.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem {
@@ -89,7 +90,7 @@ struct tracking_adaptor::state final : detail::exit_hook {
     if (!opt.report_at_exit || reported.exchange(true)) return;
     try {
       const std::string r = report(" at exit");
-      if (!r.empty()) std::fputs(r.c_str(), stderr);
+      if (!r.empty()) diagnose(diagnostic_level::warning, r);
     } catch (...) {
     }
   }
@@ -133,7 +134,7 @@ tracking_adaptor::~tracking_adaptor() {
   if (!state_->opt.report_at_exit || state_->reported.exchange(true)) return;
   try {
     const std::string r = state_->report(" as the adaptor is destroyed");
-    if (!r.empty()) std::fputs(r.c_str(), stderr);
+    if (!r.empty()) diagnose(diagnostic_level::warning, r);
   } catch (...) {
   }
 }

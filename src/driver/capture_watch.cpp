@@ -1,6 +1,7 @@
 // The process-wide capture watch: its word, who holds it, and the public
 // capture_watch (include/gpumem/capture_watch.hpp; Note [The capture watch word]).
 #include "gpumem/capture_watch.hpp"
+#include "diagnose.hpp"
 
 #include <cstdio>
 #include <mutex>
@@ -38,7 +39,7 @@ void capture_watch_distrust() noexcept { capture_watch_word.fetch_or(capture_wat
 void capture_watch_found_unseen(CUstream stream) {
   if (!watch_says_no_capture()) return;  // the word already asks the pools to query
   capture_watch_distrust();
-  std::fprintf(stderr,
+  detail::diagnosef(diagnostic_level::warning,
                "gpumem: stream %p was already being captured when a pool first used it: the capture "
                "began before the capture watch started. The pools ask the driver on every call from "
                "now on; start gpumem::capture_watch before any capture\n",

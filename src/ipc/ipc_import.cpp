@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "driver/driver.hpp"
+#include "diagnose.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/ipc_fd_channel.hpp"
 #include "ipc/ipc_access.hpp"
@@ -358,7 +359,7 @@ ipc_mapping::~ipc_mapping() {
   try {
     close();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem: closing an IPC mapping at %s failed: %s\n", detail::pointer_text(ptr_).c_str(),
+    detail::diagnosef(diagnostic_level::error, "gpumem: closing an IPC mapping at %s failed: %s\n", detail::pointer_text(ptr_).c_str(),
                  e.what());
   }
 }

@@ -3,6 +3,7 @@
 // work; this file makes it and gives it the upstream (pool_reclaim.cpp).
 #include <string>
 #include "gpumem/pool_resource.hpp"
+#include "diagnose.hpp"
 #include "gpumem/device.hpp"
 
 #include <cstdio>
@@ -78,7 +79,7 @@ pool_resource::impl::~impl() {
     live_bytes += a->used_bytes;
   }
   if (live_count != 0) {
-    std::fprintf(stderr, "gpumem: pool_resource on device %d destroyed with %zu live allocation(s), %zu bytes; "
+    detail::diagnosef(diagnostic_level::warning, "gpumem: pool_resource on device %d destroyed with %zu live allocation(s), %zu bytes; "
                  "returning their memory to the upstream\n", pool.device, live_count, live_bytes);
   }
   try {
@@ -87,7 +88,7 @@ pool_resource::impl::~impl() {
     GPUMEM_CU(cuCtxSynchronize);
     for (auto& [base, c] : pool.chunks) upstream->deallocate_sync(reinterpret_cast<void*>(base), c->size);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem: pool_resource teardown: %s\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem: pool_resource teardown: %s\n", e.what());
   }
 }
 

@@ -2,6 +2,7 @@
 // allocator on a pool this resource owns or wraps, with a record of live
 // allocations for the contract's pointer checks.
 #include "gpumem/async_resource.hpp"
+#include "diagnose.hpp"
 #include "gpumem/ipc.hpp"
 
 #include <cstdint>
@@ -163,7 +164,7 @@ async_resource::~async_resource() {
     if (s.live.count() != 0) {
       // Leaked allocations: report them and give the memory back once the work
       // that may still use them is done.
-      std::fprintf(stderr,
+      detail::diagnosef(diagnostic_level::warning,
                    "gpumem: async_resource on device %d destroyed with %zu live allocation(s), %zu bytes; "
                    "freeing them\n",
                    s.device, s.live.count(), s.live.bytes());

@@ -1,6 +1,7 @@
 // cuda_resource (include/gpumem/cuda_resource.hpp): cuMemAlloc / cuMemFree with
 // a record of every live allocation.
 #include "gpumem/cuda_resource.hpp"
+#include "diagnose.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -46,7 +47,7 @@ cuda_resource::~cuda_resource() {
   if (state_->live.empty()) return;
   // Leaked allocations: report them and give the memory back, so a process that
   // drops resources does not lose device memory for good.
-  std::fprintf(stderr, "gpumem: cuda_resource on device %d destroyed with %zu live allocation(s), %zu bytes; freeing them\n",
+  detail::diagnosef(diagnostic_level::warning, "gpumem: cuda_resource on device %d destroyed with %zu live allocation(s), %zu bytes; freeing them\n",
                state_->device, state_->live.size(), state_->allocated_bytes.load());
   try {
     detail::device_context_guard guard(state_->device);

@@ -1,6 +1,7 @@
 // host_registration (include/gpumem/host_registration.hpp): cuMemHostRegister
 // for the object's lifetime.
 #include "gpumem/host_registration.hpp"
+#include "diagnose.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -108,7 +109,7 @@ void host_registration::unregister_noexcept() noexcept {
   try {
     release();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem: host_registration: %s\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem: host_registration: %s\n", e.what());
   }
 }
 

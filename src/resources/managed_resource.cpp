@@ -1,6 +1,7 @@
 // managed_resource (include/gpumem/managed_resource.hpp): cuMemAllocManaged /
 // cuMemFree with a record of live allocations.
 #include "gpumem/managed_resource.hpp"
+#include "diagnose.hpp"
 #include "ipc/shareable.hpp"
 #include "gpumem/ipc.hpp"
 
@@ -57,7 +58,7 @@ managed_resource::managed_resource(int device, managed_attach attach) : state_(s
 managed_resource::~managed_resource() {
   state& s = *state_;
   if (s.live.count() == 0) return;
-  std::fprintf(stderr,
+  detail::diagnosef(diagnostic_level::warning,
                "gpumem: managed_resource on device %d destroyed with %zu live allocation(s), %zu bytes; freeing them\n",
                s.device, s.live.count(), s.live.bytes());
   try {

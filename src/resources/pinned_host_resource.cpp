@@ -1,6 +1,7 @@
 // pinned_host_resource (include/gpumem/pinned_host_resource.hpp): cuMemHostAlloc
 // / cuMemFreeHost with a record of live allocations.
 #include "gpumem/pinned_host_resource.hpp"
+#include "diagnose.hpp"
 #include "gpumem/ipc.hpp"
 
 #include <unistd.h>
@@ -63,7 +64,7 @@ pinned_host_resource::pinned_host_resource(pinned_options options, int device) :
 pinned_host_resource::~pinned_host_resource() {
   state& s = *state_;
   if (s.live.count() == 0) return;
-  std::fprintf(stderr,
+  detail::diagnosef(diagnostic_level::warning,
                "gpumem: pinned_host_resource destroyed with %zu live allocation(s), %zu bytes; freeing them\n",
                s.live.count(), s.live.bytes());
   try {

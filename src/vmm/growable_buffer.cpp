@@ -1,6 +1,7 @@
 // growable_buffer: growth by mapping at the end, in place or by remapping the same
 // physical memory into a larger range; shrinking ordered after the stream's work.
 #include "gpumem/vmm/growable_buffer.hpp"
+#include "diagnose.hpp"
 
 #include <algorithm>
 #include <array>
@@ -352,11 +353,11 @@ void growable_buffer::give_back_everything() noexcept {
     detail::vmm::global_release_queue().enqueue(device_, stream_, give_back);
   } catch (const std::exception& e) {
     // The stream is gone (recording failed): nothing can still be queued on it.
-    std::fprintf(stderr, "gpumem: growable_buffer: %s; giving the memory back now\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem: growable_buffer: %s; giving the memory back now\n", e.what());
     try {
       give_back();
     } catch (const std::exception& e2) {
-      std::fprintf(stderr, "gpumem: growable_buffer: giving %zu bytes back failed: %s\n", mapped_, e2.what());
+      detail::diagnosef(diagnostic_level::error, "gpumem: growable_buffer: giving %zu bytes back failed: %s\n", mapped_, e2.what());
     }
   }
   base_ = 0;

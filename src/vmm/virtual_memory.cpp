@@ -1,5 +1,6 @@
 // The virtual-memory layer over the driver seam (see virtual_memory.hpp).
 #include "vmm/virtual_memory.hpp"
+#include "diagnose.hpp"
 
 #include <array>
 #include <atomic>
@@ -110,7 +111,7 @@ void set_access(int device, CUdeviceptr at, std::size_t bytes, const std::vector
 release_queue::~release_queue() {
   std::lock_guard lock(mutex_);
   if (!entries_.empty()) {
-    std::fprintf(stderr, "gpumem: vmm: %zu unmap/release(s) still waiting for their streams at destruction; left to the driver\n",
+    detail::diagnosef(diagnostic_level::warning, "gpumem: vmm: %zu unmap/release(s) still waiting for their streams at destruction; left to the driver\n",
                  entries_.size());
   }
 }
@@ -119,7 +120,7 @@ void release_queue::run(entry& e) noexcept {
   try {
     e.action();
   } catch (const std::exception& x) {
-    std::fprintf(stderr, "gpumem: vmm: giving memory back failed: %s\n", x.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem: vmm: giving memory back failed: %s\n", x.what());
   }
   if (e.event != nullptr) {
     if (const driver_api* d = driver_if_selected()) d->cuEventDestroy(e.event);

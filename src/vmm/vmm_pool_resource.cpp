@@ -3,6 +3,7 @@
 // its queries and gives everything back at the end; page_backing.cpp grows it,
 // page_blocks.cpp edits its blocks page by page.
 #include "gpumem/vmm_pool_resource.hpp"
+#include "diagnose.hpp"
 #include "gpumem/ipc.hpp"
 
 #include <algorithm>
@@ -89,7 +90,7 @@ void vmm_pool_resource::impl::release_everything() noexcept {
       live_bytes += a->used_bytes;
     }
     if (live_count != 0) {
-      std::fprintf(stderr, "gpumem: vmm_pool_resource on device %d destroyed with %zu live allocation(s), %zu bytes\n",
+      detail::diagnosef(diagnostic_level::warning, "gpumem: vmm_pool_resource on device %d destroyed with %zu live allocation(s), %zu bytes\n",
                    pool.device, live_count, live_bytes);
     }
     // Every free must be complete before anything is unmapped.
@@ -107,7 +108,7 @@ void vmm_pool_resource::impl::release_everything() noexcept {
     for (const auto& [handle, home] : homes) vm::release(pool.device, handle);
     homes.clear();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem: vmm_pool_resource: giving memory back failed: %s\n", e.what());
+    detail::diagnosef(diagnostic_level::error, "gpumem: vmm_pool_resource: giving memory back failed: %s\n", e.what());
   }
 }
 
