@@ -17,6 +17,16 @@ if(NOT nlohmann_json_FOUND)
 endif()
 if(_gpumem_missing)
   list(JOIN _gpumem_missing " and " _gpumem_missing)
+  # A pip build (scikit-build-core sets SKBUILD) needs the library and the binding;
+  # the bundled tools are a convenience: without their packages the wheel comes
+  # without them (the console scripts then say so), rather than no wheel at all.
+  if(DEFINED SKBUILD AND NOT GPUMEM_BUILD_BENCH)
+    message(WARNING
+      "gpumem: ${_gpumem_missing} not found: the wheel is built without gpumem-report and "
+      "gpumem-replay. Install them (scripts/bootstrap does) and reinstall to bundle the tools.")
+    set(GPUMEM_BUILD_TOOLS OFF)
+    return()
+  endif()
   message(FATAL_ERROR
     "gpumem's tools and gpumem-bench need ${_gpumem_missing}, not found here. "
     "scripts/bootstrap installs what is missing; installed elsewhere, set CLI11_ROOT / "

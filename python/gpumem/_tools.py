@@ -9,8 +9,9 @@ def _run(name):
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", name)
     if not os.access(path, os.X_OK):
         sys.stderr.write(
-            "%s: not in this installation of gpumem (%s is missing); it is built with the C++ "
-            "tools: cmake -DGPUMEM_BUILD_TOOLS=ON\n" % (name, path)
+            "%s: not in this installation of gpumem (%s is missing). The wheel bundles the "
+            "tools when CLI11 and nlohmann/json were found at build time (Debian/Ubuntu: "
+            "libcli11-dev nlohmann-json3-dev); install them and reinstall gpumem\n" % (name, path)
         )
         return 2
     os.execv(path, [name] + sys.argv[1:])
