@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/command_line.hpp"
 #include "common/event_log_reader.hpp"
 #include "report/html.hpp"
 #include "report/multi_page.hpp"
@@ -22,18 +23,33 @@
 
 namespace {
 
-const char* usage =
-    "usage: gpumem-report LOG... [options]\n"
-    "  several LOGs (one per process) are drawn on one page, one chart each\n"
-    "  -o, --output FILE   the HTML page (default: LOG with .html; for several logs,\n"
-    "                      gpumem-report.html beside the first); --html FILE is the same\n"
-    "  --by size|site      stack live bytes by size class (default) or by allocation site\n"
-    "  --title TEXT        the page's title\n"
-    "  --png FILE          also render the page to a PNG with headless Chromium\n"
-    "                      (GPUMEM_CHROMIUM, else chromium / chromium-browser / google-chrome on PATH)\n"
-    "  --png-size WxH      the PNG's size in pixels (default 1200x900; for several logs\n"
-    "                      1200 wide and as tall as the page)\n"
-    "exit status: 0 written, 1 error (unreadable log, no browser for --png), 2 bad arguments\n";
+constexpr const char* description =
+    "Turns a gpumem event log (or a tracking snapshot), or several logs of several\n"
+    "processes, into one self-contained HTML page of memory timelines, one chart a log,\n"
+    "and optionally a PNG of it rendered by headless Chromium (docs/observability.md,\n"
+    "\"gpumem-report\").";
+constexpr const char* epilog =
+    "environment: GPUMEM_CHROMIUM names the browser for --png; unset, chromium,\n"
+    "chromium-browser, google-chrome or google-chrome-stable on PATH.\n"
+    "exit status: 0 written, 1 error (unreadable log, no browser for --png), 2 bad arguments";
+
+// --png-size's bounds, for the width and the height alike: below 100 pixels nothing
+// is legible; the ceiling only turns away typing mistakes (a page of many logs is
+// tall, multi_log_page_height).
+constexpr long long min_png_pixels = 100, max_png_pixels = 100000;
+
+// Splits "WxH" at its 'x'; false unless both halves are whole numbers from
+// min_png_pixels to max_png_pixels.
+bool parse_png_size(const std::string& text, int& width, int& height) {
+  const std::size_t x = text.find('x');
+  if (x == std::string::npos) return false;
+  const CLI::Validator pixels = gpumem::tools::whole_number(min_png_pixels, max_png_pixels);
+  std::string w = text.substr(0, x), h = text.substr(x + 1);
+  if (!pixels(w).empty() || !pixels(h).empty()) return false;
+  width = std::stoi(w);
+  height = std::stoi(h);
+  return true;
+}
 
 std::string find_browser() {
   if (const char* env = std::getenv("GPUMEM_CHROMIUM"); env != nullptr && *env != '\0') return env;
@@ -204,49 +220,48 @@ int report_several_logs(report_request r) {
 
 int main(int argc, char** argv) {
   report_request r;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "gpumem-report: %s needs a value\n%s", a.c_str(), usage);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "-o" || a == "--output" || a == "--html") r.out_path = value();
-    else if (a == "--png") r.png_path = value();
-    else if (a == "--title") {
-      r.page.title = value();
-      r.title_given = true;
-    } else if (a == "--by") {
-      const std::string b = value();
-      if (b == "size") r.by = gpumem::tools::grouping::size_class;
-      else if (b == "site") r.by = gpumem::tools::grouping::site;
-      else {
-        std::fprintf(stderr, "gpumem-report: --by takes size or site, not \"%s\"\n", b.c_str());
-        return 2;
-      }
-    } else if (a == "--png-size") {
-      const std::string s = value();
-      if (std::sscanf(s.c_str(), "%dx%d", &r.png_w, &r.png_h) != 2 || r.png_w < 100 || r.png_h < 100) {
-        std::fprintf(stderr, "gpumem-report: --png-size takes WxH, e.g. 1200x900\n");
-        return 2;
-      }
-      r.png_size_given = true;
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      return 0;
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "gpumem-report: unknown option %s\n%s", a.c_str(), usage);
-      return 2;
-    } else {
-      r.log_paths.push_back(a);
-    }
-  }
-  if (r.log_paths.empty()) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
+  std::string by = "size", png_size;
+  CLI::App app(description, "gpumem-report");
+  gpumem::tools::apply_conventions(app, epilog);
+  app.get_formatter()->column_width(28);  // room for "-o,--output,--html FILE"
+  app.add_option("LOG", r.log_paths,
+                 "the event logs (CSV), one per process; several are\ndrawn on one page, one chart each")
+      ->type_name("FILE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->required();
+  app.add_option("-o,--output,--html", r.out_path,
+                 "the HTML page (default: LOG with .html; for several\nlogs, gpumem-report.html beside the first)")
+      ->type_name("FILE");
+  app.add_option("--by", by, "stack live bytes by size class (default) or by\nallocation site")
+      ->type_name("size|site")
+      ->check(CLI::Validator(
+          [](std::string& b) -> std::string {
+            return b == "size" || b == "site" ? "" : "takes size or site, not \"" + b + "\"";
+          },
+          "", "size or site"));
+  CLI::Option* title = app.add_option("--title", r.page.title,
+                                      "the page's title (default: gpumem memory timeline,\nor timelines for several logs)")
+                           ->type_name("TEXT");
+  app.add_option("--png", r.png_path, "also render the page to a PNG with headless Chromium")->type_name("FILE");
+  CLI::Option* size =
+      app.add_option("--png-size", png_size,
+                     "the PNG's size in pixels, each from " + std::to_string(min_png_pixels) + " to " +
+                         std::to_string(max_png_pixels) +
+                         "\n(default 1200x900; for several logs 1200 wide and\nas tall as the page)")
+          ->type_name("WxH")
+          ->check(CLI::Validator(
+              [](std::string& s) -> std::string {
+                int w = 0, h = 0;
+                if (parse_png_size(s, w, h)) return {};
+                return "wants WxH, two whole numbers from " + std::to_string(min_png_pixels) + " to " +
+                       std::to_string(max_png_pixels) + " (e.g. 1200x900), not '" + s + "'";
+              },
+              "", "WxH"));
+  if (const auto stop = gpumem::tools::parse_command_line(app, argc, argv)) return *stop;
+  r.by = by == "site" ? gpumem::tools::grouping::site : gpumem::tools::grouping::size_class;
+  r.title_given = title->count() > 0;
+  r.png_size_given = size->count() > 0;
+  if (r.png_size_given) parse_png_size(png_size, r.png_w, r.png_h);
   try {
     return r.log_paths.size() == 1 ? report_one_log(r) : report_several_logs(r);
   } catch (const std::exception& e) {
