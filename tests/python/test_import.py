@@ -1,6 +1,7 @@
 """Importing gpumem touches no CUDA and pulls in none of numba, cupy and torch."""
 
 import os
+import re
 
 import pytest
 
@@ -73,6 +74,8 @@ def test_the_package_is_typed():
         pytest.skip("gpumem is not installed from its wheel here (no stubs beside the extension)")
     assert (root / "py.typed").is_file()
     stubs = (root / "_core.pyi").read_text()
+    # Stubs made on Python 3.9 spell Optional[int] and List[str].
+    stubs = re.sub(r"Optional\[(\w+)\]", r"\1 | None", stubs).replace("List[", "list[")
     for name in ("class VmmPoolResource", "class DeviceBuffer", "def make_resource", "def peers_of"):
         assert name in stubs, name
     # Every resource and adaptor, and the capabilities every stack answers.
@@ -118,3 +121,16 @@ def test_every_public_name_has_a_docstring():
         if not name.startswith("_") and not described(getattr(gpumem.sim, name)):
             missing.append("sim." + name)
     assert missing == []
+
+
+def test_the_installed_package_says_its_license():
+    from importlib import metadata
+
+    try:
+        md = metadata.metadata("gpumem")
+    except metadata.PackageNotFoundError:
+        pytest.skip("gpumem is not pip-installed here")
+    classifiers = md.get_all("Classifier") or []
+    assert "License :: OSI Approved :: Apache Software License" in classifiers
+    assert "Apache License" in (md.get("License") or "")
+    assert md.get("Requires-Python") == ">=3.9"
