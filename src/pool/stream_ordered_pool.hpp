@@ -12,6 +12,7 @@
 // Read arena.hpp's Note [Fencing frees on demand] first.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -270,6 +271,17 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   chunk& c = *b->owner;
   const std::size_t first = (b->address - c.base) >> page_shift;
   const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
+  if (b->slot) {
+    // A slot's pages are its own (whole pages, never shared: Note [Slots for large
+    // requests]), so their counts are 0 or 1 together: filled, not counted one by one.
+    std::fill(c.busy.begin() + static_cast<std::ptrdiff_t>(first), c.busy.begin() + static_cast<std::ptrdiff_t>(last + 1),
+              delta > 0 ? 1U : 0U);
+    if (delta < 0) {
+      std::fill(c.freed_at.begin() + static_cast<std::ptrdiff_t>(first),
+                c.freed_at.begin() + static_cast<std::ptrdiff_t>(last + 1), c.owner->frees);
+    }
+    return;
+  }
   if (delta > 0) {
     for (std::size_t i = first; i <= last; ++i) ++c.busy[i];
   } else {
