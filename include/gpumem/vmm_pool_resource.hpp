@@ -67,6 +67,13 @@ struct vmm_pool_options {
   // Pages free on one stream serve requests on others (settled ones at once,
   // fenced ones when the device refuses more, after a device-side wait).
   bool reuse_across_streams = true;
+  // A stream that has freed nothing for this many milliseconds is idle: its
+  // settled free pages serve other streams before the device is asked for new
+  // ones (Note [Pages, frugal first]). Shorter gives memory back to busy streams
+  // sooner; longer spares threads that pause between bursts from losing their
+  // pages and taking them back, a move each way (docs/benchmarks.md, W3).
+  // 1 to 3,600,000 (others: logic_error).
+  unsigned idle_stream_ms = 200;
   // As pool_options: quick cache, periodic fences, capture refusal and watch.
   bool quick_cache = true;
   unsigned fence_interval = std::numeric_limits<unsigned>::max();

@@ -286,7 +286,7 @@ void bind_resources(nb::module_& m) {
              std::size_t maximum_bytes, std::size_t segment_bytes,
              std::optional<std::size_t> release_threshold_bytes, std::vector<int> peer_devices,
              bool access_for_every_peer, bool posix_fd_shareable, bool reuse_across_streams, bool quick_cache,
-             std::optional<unsigned> fence_interval, bool watch_captures) {
+             std::optional<unsigned> fence_interval, bool watch_captures, unsigned idle_stream_ms) {
             vmm_pool_options o;
             o.page_bytes = page_bytes;
             o.maximum_bytes = maximum_bytes;
@@ -299,6 +299,7 @@ void bind_resources(nb::module_& m) {
             o.quick_cache = quick_cache;
             if (fence_interval) o.fence_interval = *fence_interval;
             o.watch_captures = watch_captures;
+            o.idle_stream_ms = idle_stream_ms;
             const int d = device ? *device : current_device();
             nb::gil_scoped_release release;
             new (self) vmm_pool_resource(d, std::move(o));
@@ -314,6 +315,7 @@ void bind_resources(nb::module_& m) {
           nb::arg("quick_cache") = vmm_defaults.quick_cache,
           nb::arg("fence_interval").none() = nb::none(),
           nb::arg("watch_captures") = vmm_defaults.watch_captures,
+          nb::arg("idle_stream_ms") = vmm_defaults.idle_stream_ms,
           "A pool of `device` (None: the current device); the keywords are vmm_pool_options "
           "(0: the default; release_threshold_bytes None: keep all free memory; fence_interval "
           "None: fence only on demand).")

@@ -29,8 +29,9 @@ namespace vm = detail::vmm;
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
 //     their handle; the most recently freed first): its stream orders their reuse;
 //  2. idle streams' settled free pages (a stream that has freed nothing for
-//     idle_ns; settled: nothing to wait for). Every other stream is asked to
-//     fence its frees, so that its pages settle for a later look;
+//     idle_stream_ms, 200 ms by default; settled: nothing to wait for). Every
+//     other stream is asked to fence its frees, so that its pages settle for a
+//     later look;
 //  3. the arena's free slots' pages, whole slots first (a new slot is stitched
 //     from whole free slots the same way: page_slots.cpp);
 //  4. the device, within maximum_bytes;
@@ -55,6 +56,10 @@ namespace vm = detail::vmm;
 //    mutex. The pool then holds about the sum of the streams' own peaks rather
 //    than the peak of their sum, as per-stream pools do, until memory runs
 //    short (docs/benchmarks.md has both measured);
+//  - a stream is idle only after idle_stream_ms without a free: threads that
+//    pause between bursts (a barrier, a host-side step) keep their pages for
+//    their next burst rather than losing them to the others and taking them
+//    back, two moves a page (docs/benchmarks.md, W3 and the idle time);
 //  - loops whose steps vary (other sizes, other orders) still move some pages
 //    at every step (docs/vmm.md, "Where the pool is slow").
 //

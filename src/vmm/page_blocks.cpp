@@ -94,7 +94,7 @@ void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& oth
   busy_peaks = peaks;
 }
 
-bool vmm_pool_resource::impl::is_busy(arena& s, std::int64_t now) {
+bool vmm_pool_resource::impl::is_busy(arena& s, std::int64_t now) const {
   if (s.frees != s.frees_seen) {
     s.frees_seen = s.frees;
     s.frees_seen_ns = now;

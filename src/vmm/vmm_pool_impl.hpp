@@ -102,7 +102,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   void note_peak(arena& a, const std::vector<arena*>& others);
   // Whether `s` freed something within idle_ns of `now` or waits for the growth
   // mutex (s's lock held).
-  static bool is_busy(arena& s, std::int64_t now);
+  bool is_busy(arena& s, std::int64_t now) const;
   // Takes up to `count` ready whole pages out of the free blocks of `s` that
   // `accept` admits (the smallest blocks first), appending their handles to
   // `out`; their places become aliases. Returns how many.
@@ -147,8 +147,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // Every handle the pool holds; changed only under the growth mutex.
   std::unordered_map<std::uint64_t, page_home> homes;
   // A stream that has freed nothing for this long is idle: its free pages may go
-  // to others before the device is asked (Note [Pages, frugal first]).
-  static constexpr std::int64_t idle_ns = 20'000'000;
+  // to others before the device is asked (opt.idle_stream_ms; Note [Pages, frugal first]).
+  std::int64_t idle_ns = 0;
   std::size_t peak_used = 0;       // the most bytes in use seen when pages were needed (growth mutex)
   // At the last need: the busy arenas' own peaks plus what the idle ones use
   // (growth mutex). At least what every arena uses; more when streams that work

@@ -76,6 +76,11 @@ vmm_pool_resource::impl::impl(int dev, vmm_pool_options o)
     throw logic_error("gpumem::vmm_pool_resource: segment_bytes (" + std::to_string(opt.segment_bytes) +
                       ") is larger than 1 PiB (2^50 bytes)");
   }
+  if (opt.idle_stream_ms == 0 || opt.idle_stream_ms > 3'600'000) {
+    throw logic_error("gpumem::vmm_pool_resource: idle_stream_ms (" + std::to_string(opt.idle_stream_ms) +
+                      ") must be 1 to 3600000 (an hour)");
+  }
+  idle_ns = std::int64_t{opt.idle_stream_ms} * 1'000'000;
   segment_bytes = vm::round_up(opt.segment_bytes != 0 ? opt.segment_bytes : device_total, page);
 }
 

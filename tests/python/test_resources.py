@@ -214,6 +214,12 @@ def test_bad_vmm_pool_options_are_logic_errors():
         gpumem.VmmPoolResource(0, page_bytes=3 << 20)
     with pytest.raises(gpumem.LogicError, match="maximum_bytes"):
         gpumem.VmmPoolResource(0, maximum_bytes=1 << 20)
+    with pytest.raises(gpumem.LogicError, match="idle_stream_ms"):
+        gpumem.VmmPoolResource(0, idle_stream_ms=0)
+    quick_to_idle = gpumem.VmmPoolResource(0, idle_stream_ms=5)
+    p = quick_to_idle.allocate(256, None, 256)
+    assert p != 0
+    quick_to_idle.deallocate(p, 256, None, 256)
 
 
 def test_the_simulator_controls_import_as_a_module():

@@ -57,6 +57,12 @@ TEST(BadOptions, VmmPoolSegmentAndPageSizesPastTheDeviceNameTheField) {
   vmm_pool_options odd;
   odd.page_bytes = 3 * vmm::granularity(0);
   EXPECT_NE(logic_error_of([&] { vmm_pool_resource p(0, odd); }).find("power of two"), std::string::npos);
+  for (unsigned ms : {0U, 3'600'001U, ~0U}) {
+    vmm_pool_options idle;
+    idle.idle_stream_ms = ms;
+    EXPECT_NE(logic_error_of([&] { vmm_pool_resource p(0, idle); }).find("idle_stream_ms (" + std::to_string(ms) + ")"),
+              std::string::npos);
+  }
 }
 
 TEST(BadOptions, AHugeAlignmentIsNamedAndThePoolStaysUsable) {

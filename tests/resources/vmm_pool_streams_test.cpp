@@ -59,6 +59,7 @@ TEST_F(VmmPoolStreams, ABusyStreamKeepsWhatItFreedWhileTheDeviceHasMemory) {
 TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
   vmm_pool_options o;
   o.fence_interval = 1;  // every free fenced while the pool serves several streams
+  o.idle_stream_ms = 20;
   vmm_pool_resource pool(0, o);
   const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
@@ -68,7 +69,7 @@ TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
   a.synchronize();
   // b's next request looks at a, which has just freed (busy), and gets new pages.
   void* second = pool.allocate(2 * g, b);
-  // a frees nothing for longer than the pool's idle time (20 ms).
+  // a frees nothing for longer than the pool's idle time (idle_stream_ms).
   std::this_thread::sleep_for(std::chrono::milliseconds(60));
   const vmm_pool_statistics before = pool.statistics();
   void* q = pool.allocate(8 * g, b);
