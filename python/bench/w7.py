@@ -7,7 +7,10 @@
       and through Numba's own memory manager; and through a plugin that allocates
       nothing, which shows what Numba itself costs per array on the machine (the hosts
       of one GPU kind differ by 2-3x here from one machine to the next);
-  and, where the libraries exist, CuPy and PyTorch switched to gpumem.
+  and, where the libraries exist, CuPy and PyTorch switched to gpumem. CuPy through
+  gpumem is measured on the route gpumem.cupy takes (CuPy >= 14.1: CFunctionAllocator
+  over C functions, no Python call per allocation; the row says which) and on the
+  Python-callable route older CuPy gets (PythonFunctionAllocator over CupyHook).
 
 Sizes are uniform in [1, 1 MiB] bytes (seed 1). Every row runs in its own
 interpreter (Numba's manager and PyTorch's allocator are chosen once per process)
@@ -16,7 +19,8 @@ on device 0 and the default stream: a warm-up pass, then calibrated repetitions
 
     python3 python/bench/w7.py [--rows a,b] [--reps 5] [--rep-ms 200] [--json FILE] [--list]
 
-Targets: raw DeviceBuffer <= 500 ns, device_array through the plugin <= 20 us.
+Targets: raw DeviceBuffer <= 500 ns, device_array through the plugin <= 20 us, CuPy
+through gpumem within 1.3x of CuPy's own MemoryPool (same run).
 On the simulator only the host side is measured: a smoke test, not a GPU figure.
 """
 
@@ -121,6 +125,10 @@ def row_numba_floor():
     return _numba(False)
 
 
+#: What a row measured beyond its label (the route gpumem.cupy took), set by its builder.
+DETAIL = {}
+
+
 def _cupy(kind):
     import cupy
 
@@ -130,6 +138,12 @@ def _cupy(kind):
         import gpumem.cupy
 
         gpumem.cupy.use_gpumem_for_cupy()
+        DETAIL["cupy-gpumem"] = "%s route" % gpumem.cupy.route
+    elif kind == "gpumem-python":
+        from gpumem import _core
+
+        hook = _core.CupyHook(cupy.cuda.get_current_stream, None)
+        cupy.cuda.set_allocator(cupy.cuda.memory.PythonFunctionAllocator(hook.malloc, hook.free).malloc)
     alloc = cupy.cuda.alloc
 
     def run(ns):
@@ -149,6 +163,10 @@ def row_cupy_async():
 
 def row_cupy_gpumem():
     return _cupy("gpumem")
+
+
+def row_cupy_gpumem_python():
+    return _cupy("gpumem-python")
 
 
 def _torch(use_gpumem):
@@ -181,6 +199,7 @@ ROWS = {
     "cupy-pool": ("CuPy MemoryPool (peer)", row_cupy_pool, ["cupy"], "a"),
     "cupy-async": ("CuPy MemoryAsyncPool (peer)", row_cupy_async, ["cupy"], "a"),
     "cupy-gpumem": ("CuPy through gpumem", row_cupy_gpumem, ["cupy"], "a"),
+    "cupy-gpumem-python": ("CuPy through gpumem, Python route", row_cupy_gpumem_python, ["cupy"], "a"),
     "torch-default": ("torch.empty, caching allocator (peer)", row_torch_default, ["torch"], "a"),
     "torch-gpumem": ("torch.empty through gpumem", row_torch_gpumem, ["torch"], "a"),
     "numba-gpumem": ("device_array, gpumem plugin", row_numba_gpumem, ["numba", "numpy"], "b"),
@@ -188,8 +207,9 @@ ROWS = {
     "numba-floor": ("device_array, plugin allocating nothing", row_numba_floor, ["numba", "numpy"], "b"),
 }
 TARGETS_NS = {"gpumem-raw": 500, "numba-gpumem": 20000}
-NEEDS_GPU = {"cupy-pool", "cupy-async", "cupy-gpumem", "torch-default", "torch-gpumem", "numba-gpumem", "numba-default",
-             "numba-floor"}
+TARGETS_RELATIVE = {"cupy-gpumem": ("cupy-pool", 1.3)}  # at most 1.3x that row's figure
+NEEDS_GPU = {"cupy-pool", "cupy-async", "cupy-gpumem", "cupy-gpumem-python", "torch-default", "torch-gpumem",
+             "numba-gpumem", "numba-default", "numba-floor"}
 
 
 def child(name, reps, rep_ms):
@@ -222,7 +242,7 @@ def child(name, reps, rep_ms):
     count = max(16, min(1 << 22, int(count * rep_ms * 1e6 / max(elapsed, 1))))
     figures = [timed(count) / count for _ in range(reps)]
     print(json.dumps({"row": name, "median_ns": statistics.median(figures), "min_ns": min(figures),
-                      "max_ns": max(figures), "ops": count, "reps": figures}))
+                      "max_ns": max(figures), "ops": count, "reps": figures, "detail": DETAIL.get(name)}))
 
 
 def header():
@@ -256,7 +276,7 @@ def main():
     args = ap.parse_args()
     if args.list:
         for name, (label, _, needs, part) in ROWS.items():
-            print("%-14s (%s) %s%s" % (name, part, label, "  needs " + ", ".join(needs) if needs else ""))
+            print("%-18s (%s) %s%s" % (name, part, label, "  needs " + ", ".join(needs) if needs else ""))
         return 0
     if args.child:
         child(args.child, args.reps, args.rep_ms)
@@ -292,8 +312,11 @@ def main():
     print()
     print("%-4s %-40s %14s %14s %12s" % ("part", "row", "ns/alloc+free", "min", "target"))
     print("-" * 88)
+    measured = {r["row"]: r["median_ns"] for r in results if r["status"] == "ok"}
     for r in results:
         label, _, _, part = ROWS[r["row"]]
+        if r.get("detail"):
+            label = "%s (%s)" % (label, r["detail"])
         target = TARGETS_NS.get(r["row"])
         if r["status"] != "ok":
             print("%-4s %-40s %s: %s" % (part, label, r["status"], r["why"]))
@@ -301,6 +324,11 @@ def main():
         verdict = ""
         if target and info["backend"] == "cuda":
             verdict = "%d %s" % (target, "met" if r["median_ns"] <= target else "MISSED")
+        peer, factor = TARGETS_RELATIVE.get(r["row"], (None, None))
+        if peer in measured and info["backend"] == "cuda":
+            ratio = r["median_ns"] / measured[peer]
+            verdict = "%.2fx %s %s" % (ratio, peer, "met" if ratio <= factor else "MISSED")
+            r["ratio_to_" + peer] = ratio
         print("%-4s %-40s %14s %14s %12s" % (part, label, "{:,.0f}".format(r["median_ns"]),
                                              "{:,.0f}".format(r["min_ns"]), verdict))
     print("figure: median of %d repetitions after a warm-up, sizes uniform in [1, 1 MiB] (seed 1)" % args.reps)

@@ -1,6 +1,7 @@
 """gpumem.cupy and gpumem.torch, checked without CuPy or PyTorch installed.
 
-gpumem.cupy runs against a stand-in `cupy` module with the few names it uses; the
+gpumem.cupy runs against a stand-in `cupy` module with the few names it uses (a CuPy
+without CFunctionAllocator: the Python route; test_cupy_allocator.py has the C route); the
 PyTorch entry points are called through ctypes exactly as CUDAPluggableAllocator
 calls them. tests/python/test_gpu_interop.py uses the real libraries on a GPU.
 """
@@ -8,6 +9,7 @@ calls them. tests/python/test_gpu_interop.py uses the real libraries on a GPU.
 import ctypes
 import gc
 import importlib
+import logging
 import os
 import sys
 import types
@@ -66,7 +68,8 @@ def fake_cupy(monkeypatch):
     cupy.cuda = types.SimpleNamespace(
         get_current_stream=lambda: state.stream,
         stream=types.SimpleNamespace(get_current_stream_ptr=lambda: state.stream.ptr),
-        memory=types.SimpleNamespace(PythonFunctionAllocator=FakePythonFunctionAllocator),
+        memory=types.SimpleNamespace(PythonFunctionAllocator=FakePythonFunctionAllocator,
+                                     OutOfMemoryError=type("OutOfMemoryError", (MemoryError,), {})),
         set_allocator=lambda f: setattr(state, "allocator", f),
     )
     monkeypatch.setitem(sys.modules, "cupy", cupy)
@@ -137,15 +140,17 @@ def test_cupy_zero_size_allocates_nothing(fake_cupy, fresh_pool):
 
 def test_cupy_out_of_memory_raises(fake_cupy):
     hook, _ = fake_cupy
-    with pytest.raises(MemoryError):
+    with pytest.raises(gpumem.OutOfMemoryError):
         hook.allocator(1 << 62)
     assert hook.hook.live_allocations() == 0
+    assert hook.last_out_of_memory().requested_bytes == 1 << 62
 
 
-def test_cupy_foreign_free_is_reported_not_raised(fake_cupy, capfd):
+def test_cupy_foreign_free_is_reported_not_raised(fake_cupy, caplog):
     hook, _ = fake_cupy
-    hook.hook.free(0x1000, 0)
-    assert "which gpumem.cupy did not allocate" in capfd.readouterr().err
+    with caplog.at_level(logging.ERROR, logger="gpumem"):
+        hook.hook.free(0x1000, 0)
+    assert any("which gpumem.cupy did not allocate" in r.getMessage() for r in caplog.records)
 
 
 def test_cupy_device_follows_cupy(fake_cupy):
@@ -172,6 +177,7 @@ def test_cupy_without_get_current_stream_ptr_reads_the_stream_object(fake_cupy, 
 
 def test_use_gpumem_for_cupy(fake_cupy):
     hook, state = fake_cupy
+    assert hook.route == "python"  # the stand-in is a CuPy without CFunctionAllocator
     hook.use_gpumem_for_cupy()
     assert state.allocator == hook.allocator
 
