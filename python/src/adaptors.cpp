@@ -10,7 +10,8 @@
 // (and whatever holds the adaptor: buffers, the current resource). Option structs
 // are keywords with the C++ defaults; sizes are ints checked as DeviceBuffer's are
 // (a negative one is a LogicError). The OOM retry adaptor, whose callbacks call
-// into Python, is in oom_retry.cpp.
+// into Python, is in oom_retry.cpp; the tracking adaptor's Python call sites in
+// python_sites.cpp.
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,7 @@
 #include "gpumem/adaptors/statistics.hpp"
 #include "gpumem/adaptors/thread_safe.hpp"
 #include "gpumem/adaptors/tracking.hpp"
+#include "python_sites.hpp"
 
 namespace gpumem::python {
 
@@ -99,6 +101,36 @@ nb::dict allocation_dict(const tracked_allocation& a) {
   nb::list stack;
   for (const auto& frame : a.stack) stack.append(frame);
   d["stack"] = stack;
+  d["site"] = a.site;
+  nb::list python_stack;
+  for (const auto& frame : a.site_frames) python_stack.append(frame);
+  d["python_stack"] = python_stack;
+  return d;
+}
+
+const char* event_kind_name(tracking_event_kind k) {
+  switch (k) {
+    case tracking_event_kind::allocate:
+      return "allocate";
+    case tracking_event_kind::deallocate:
+      return "deallocate";
+    case tracking_event_kind::out_of_memory:
+      return "out_of_memory";
+  }
+  return "unknown";
+}
+
+nb::dict event_dict(const tracking_event& e) {
+  nb::dict d;
+  d["op"] = event_kind_name(e.kind);
+  d["ptr"] = reinterpret_cast<std::uintptr_t>(e.ptr);
+  d["bytes"] = e.bytes;
+  d["stream"] = reinterpret_cast<std::uintptr_t>(e.stream.handle());
+  d["thread"] = e.thread;
+  d["seq"] = e.seq;
+  d["time_ns"] = e.time_ns;
+  d["site"] = e.site;
+  d["device_free_bytes"] = e.device_free_bytes;
   return d;
 }
 
@@ -184,28 +216,37 @@ void bind_tracking(nb::module_& m) {
   nb::class_<tracking_adaptor, resource_adaptor>(
       m, "TrackingAdaptor",
       "Remembers every live allocation (size, alignment, stream, thread, order, time and "
-      "optionally the native stack) and reports what is still live: live(), leak_report(), "
-      "write_snapshot() for gpumem-report; at exit when report_at_exit. Checks frees itself: a "
-      "foreign or double free or a wrong size is a LogicError before the upstream is called. "
-      "Stacks are native frames (the first outside libgpumem), not Python call sites.")
+      "optionally the allocating native stack and Python call stack) and reports what is still "
+      "live: live(), leak_report(), write_snapshot() for gpumem-report; at exit when "
+      "report_at_exit. With history_entries, also the last allocations, frees and "
+      "out-of-memory failures in order (history(); gpumem.snapshot draws on it). Checks frees "
+      "itself: a foreign or double free or a wrong size is a LogicError before the upstream is "
+      "called.")
       .def(
           "__init__",
           [](tracking_adaptor* self, resource_ptr upstream, bool capture_stacks, int stack_depth,
-             bool report_at_exit, nb::int_ report_limit) {
+             bool report_at_exit, nb::int_ report_limit, bool python_stacks, nb::int_ history_entries) {
             tracking_options o;  // the adaptor checks stack_depth (1 to 256)
             o.capture_stacks = capture_stacks;
             o.stack_depth = stack_depth;
             o.report_at_exit = report_at_exit;
             o.report_limit = to_size(report_limit, "gpumem.TrackingAdaptor");
+            o.history_entries = to_size(history_entries, "gpumem.TrackingAdaptor");
+            if (python_stacks) o.sites = python_site_hooks(stack_depth);
             new (self) tracking_adaptor(std::move(upstream), o);
           },
           nb::arg("upstream"), nb::kw_only(), nb::arg("capture_stacks") = defaults.capture_stacks,
           nb::arg("stack_depth") = defaults.stack_depth, nb::arg("report_at_exit") = defaults.report_at_exit,
-          nb::arg("report_limit") = defaults.report_limit,
+          nb::arg("report_limit") = defaults.report_limit, nb::arg("python_stacks") = false,
+          nb::arg("history_entries") = defaults.history_entries,
           "Tracks the allocations made through it to `upstream`. capture_stacks: record the "
-          "allocating native stack, up to stack_depth frames (1 to 256); report_at_exit: a leak "
-          "report on stderr when the adaptor goes or the process exits with allocations live, "
-          "listing report_limit of them.")
+          "allocating native stack, up to stack_depth frames (1 to 256); python_stacks: record "
+          "the allocating Python call stack, up to stack_depth frames of the program's code, "
+          "innermost first (gpumem's own modules left out; '(no Python frame)' from a thread "
+          "Python does not run on); report_at_exit: a leak report on stderr when the adaptor "
+          "goes or the process exits with allocations live, listing report_limit of them; "
+          "history_entries: keep the last that many allocations, frees and out-of-memory "
+          "failures (0: no history).")
       .def(
           "live",
           [](const tracking_adaptor& a) {
@@ -220,11 +261,19 @@ void bind_tracking(nb::module_& m) {
           },
           "The live allocations, oldest first, as dicts: ptr, bytes, alignment, stream, thread "
           "(gpumem's thread number, as in logs), seq, time_ns (since the adaptor was made), "
-          "stack (symbolized native frames, innermost first; empty unless capture_stacks).")
+          "stack (symbolized native frames, innermost first; empty unless capture_stacks), "
+          "python_stack ('file:line function', innermost first; empty unless python_stacks) and "
+          "site (the Python call site's id, the same for the same stack; 0 without one).")
       .def_prop_ro("live_count", &tracking_adaptor::live_count, "Allocations live now.")
       .def_prop_ro("live_bytes", &tracking_adaptor::live_bytes, "Bytes live now (as requested).")
-      .def("leak_report", &tracking_adaptor::leak_report,
-           "The leak report as text: what is live, oldest first; empty when nothing is.")
+      .def(
+          "leak_report",
+          [](const tracking_adaptor& a) {
+            nb::gil_scoped_release release;
+            return a.leak_report();
+          },
+          "The leak report as text: what is live, oldest first, with its Python and native "
+          "frames; empty when nothing is.")
       .def(
           "write_snapshot",
           [](const tracking_adaptor& a, const std::filesystem::path& path) {
@@ -234,7 +283,34 @@ void bind_tracking(nb::module_& m) {
           },
           nb::arg("path"),
           "Writes the live allocations as an event log (source 'snapshot'; docs/observability.md) "
-          "that gpumem-report draws. LogicError when the file cannot be written.")
+          "that gpumem-report draws; the site column is the innermost Python frame with "
+          "python_stacks. LogicError when the file cannot be written.")
+      .def(
+          "history",
+          [](const tracking_adaptor& a) {
+            std::vector<tracking_event> all;
+            {
+              nb::gil_scoped_release release;
+              all = a.history();
+            }
+            nb::list out;
+            for (const auto& e : all) out.append(event_dict(e));
+            return out;
+          },
+          "The history, oldest first (empty without history_entries), as dicts: op ('allocate', "
+          "'deallocate' or 'out_of_memory'), ptr (0 for out_of_memory), bytes, stream, thread, "
+          "seq (the allocation's number; a free names the allocation it ends), time_ns (since the "
+          "adaptor was made), site (the call's Python site id, see gpumem._core._python_site_frames), "
+          "device_free_bytes (out_of_memory: what the device reported free). An allocation is "
+          "recorded after it succeeded, a free before it is handed on.")
+      .def_prop_ro("history_dropped", &tracking_adaptor::history_dropped,
+                   "Events the history let go of (the oldest, once history_entries were kept).")
+      .def("clear_history", &tracking_adaptor::clear_history, "Empties the history.")
+      .def_prop_ro("history_entries", [](const tracking_adaptor& a) { return a.options().history_entries; },
+                   "How many events the history keeps (0: none).")
+      .def_prop_ro(
+          "python_stacks", [](const tracking_adaptor& a) { return static_cast<bool>(a.options().sites.capture); },
+          "Whether Python call stacks are recorded.")
       .def("__repr__", [](const tracking_adaptor& a) {
         return adaptor_repr("TrackingAdaptor", a,
                             " live_count=" + std::to_string(a.live_count()) +
@@ -420,6 +496,7 @@ void bind_adaptors(nb::module_& m) {
           "The resource under the adaptor (kept alive by it).");
   bind_statistics(m);
   bind_tracking(m);
+  bind_python_sites(m);
   bind_logging(m);
   bind_limiting(m);
   bind_deferred_free(m);
