@@ -86,7 +86,12 @@ class torch_allocator final : public plugin::allocator {
     }
   }
 
-  bool thread_safe() const noexcept override { return true; }
+  // PyTorch 2.11's allocator with expandable_segments:True ended W3's process
+  // with a segmentation fault when threads allocated on their own streams at
+  // once (H200, 2026-11-26; the row without expandable segments ran): the
+  // expandable row is left out of the workloads that allocate from several
+  // threads, rather than taking gpumem-bench down with it.
+  bool thread_safe() const noexcept override { return !expandable_; }
 
  private:
   bool expandable_;
