@@ -50,6 +50,7 @@ class OutOfMemoryError(_cupy.cuda.memory.OutOfMemoryError, _gpumem.OutOfMemoryEr
 
     @classmethod
     def from_gpumem(cls, error, size):
+        """This error with the text and attributes of gpumem's `error` for `size` bytes."""
         e = cls(size, getattr(error, "resource_held_bytes", -1))
         e.args = error.args
         e.__dict__.update(error.__dict__)

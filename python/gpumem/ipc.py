@@ -32,14 +32,17 @@ class IpcMemory:
 
     @property
     def ptr(self):
+        """The address of the memory in this process."""
         return self._mapping.ptr
 
     @property
     def size(self):
+        """Bytes mapped (the exported allocation's size)."""
         return self._mapping.size
 
     @property
     def device(self):
+        """The device whose memory it is."""
         return self._mapping.device
 
     @property
@@ -49,6 +52,7 @@ class IpcMemory:
 
     @property
     def closed(self):
+        """True once ``close()`` unmapped it."""
         return self._mapping.closed
 
     @property
@@ -73,6 +77,7 @@ class IpcMemory:
         self._mapping.copy_from_host(bytes(data))
 
     def close(self):
+        """Waits for the device, then unmaps the memory; a second call does nothing."""
         self._mapping.close()
 
     def __enter__(self):
@@ -101,6 +106,7 @@ class IpcHandle:
 
     @property
     def size(self):
+        """Bytes of the exported allocation."""
         return self._handle.size
 
     @property
@@ -110,13 +116,16 @@ class IpcHandle:
 
     @property
     def exporter_pid(self):
+        """The process id of the exporter (the memory lives as long as it keeps it)."""
         return self._handle.exporter_pid
 
     def to_bytes(self):
+        """The handle as bytes, to send to another process by any means."""
         return bytes(self._bytes)
 
     @classmethod
     def from_bytes(cls, data):
+        """The handle that ``to_bytes()`` gave; ``gpumem.LogicError`` for bytes that are not one."""
         return _rebuild(bytes(data))
 
     def __reduce__(self):
