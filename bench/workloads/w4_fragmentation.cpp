@@ -35,16 +35,23 @@ using clock_type = std::chrono::steady_clock;
 std::size_t largest_mib(memory_resource& mr, stream& st, std::size_t limit_mib, std::size_t grain_mib,
                         std::uint64_t& probes) {
   std::size_t fits = 0, fails = limit_mib / grain_mib + 1;  // in grains: fits succeeds (0: trivially), fails does not
-  while (fails - fits > 1) {
-    const std::size_t mid = fits + (fails - fits) / 2;
-    const std::size_t bytes = mid * grain_mib * mib;
+  auto probe = [&](std::size_t grains) {
+    const std::size_t bytes = grains * grain_mib * mib;
     ++probes;
-    const bool ok = !out_of_memory_from([&] {
+    return !out_of_memory_from([&] {
       void* p = mr.allocate(bytes, st);
       mr.deallocate(p, bytes, st);
       st.synchronize();
     });
-    (ok ? fits : fails) = mid;
+  };
+  // The limit first: a row that can use all of what is free (a virtual-memory
+  // pool) answers in one probe instead of a bisection's, each of which maps
+  // most of the device anew.
+  if (fails > 1 && probe(fails - 1)) return (fails - 1) * grain_mib;
+  if (fails > 1) --fails;
+  while (fails - fits > 1) {
+    const std::size_t mid = fits + (fails - fits) / 2;
+    (probe(mid) ? fits : fails) = mid;
   }
   return fits * grain_mib;
 }
