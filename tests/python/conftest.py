@@ -66,3 +66,20 @@ def run_python(code, env=None, timeout=120):
     return subprocess.run(
         [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+class StandInDevice:
+    def __init__(self, ordinal):
+        self.id = ordinal
+
+    def get_device_identity(self):
+        return {"pci_domain_id": 0, "pci_bus_id": self.id, "pci_device_id": 0}
+
+
+class StandInContext:
+    """The attributes of a Numba runtime's Context (numba.cuda's or Numba CUDA MLIR's)
+    that the gpumem.numba plugin uses: tests/python/test_numba_plugin.py and
+    test_numba_runtimes.py build managers over it without a real context."""
+
+    def __init__(self, ordinal=0):
+        self.device = StandInDevice(ordinal)

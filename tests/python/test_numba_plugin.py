@@ -11,25 +11,10 @@ import textwrap
 import pytest
 
 import gpumem
-from conftest import run_python
+from conftest import StandInContext, run_python
 
 cuda = pytest.importorskip("numba.cuda")
 gnumba = pytest.importorskip("gpumem.numba")
-
-
-class StandInDevice:
-    def __init__(self, ordinal):
-        self.id = ordinal
-
-    def get_device_identity(self):
-        return {"pci_domain_id": 0, "pci_bus_id": self.id, "pci_device_id": 0}
-
-
-class StandInContext:
-    """The attributes of numba.cuda's Context that a plugin may use."""
-
-    def __init__(self, ordinal=0):
-        self.device = StandInDevice(ordinal)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ except ImportError:  # the environment without numba: only the selection tests r
     np = None
 
 import gpumem
-from conftest import run_python
+from conftest import StandInContext, run_python
 
 RUNTIMES = ["numba.cuda", "numba_cuda_mlir.cuda"]
 MLIR_MISSING = "numba-cuda-mlir is not installed (pip install numba-cuda-mlir)"
@@ -34,21 +34,6 @@ def _has(module):
 
 needs_mlir = pytest.mark.skipif(not _has("numba_cuda_mlir"), reason=MLIR_MISSING)
 needs_numba_cuda = pytest.mark.skipif(not _has("numba_cuda"), reason="numba-cuda is not installed")
-
-
-class StandInDevice:
-    def __init__(self, ordinal):
-        self.id = ordinal
-
-    def get_device_identity(self):
-        return {"pci_domain_id": 0, "pci_bus_id": self.id, "pci_device_id": 0}
-
-
-class StandInContext:
-    """The attributes of a runtime's Context that the plugin uses."""
-
-    def __init__(self, ordinal=0):
-        self.device = StandInDevice(ordinal)
 
 
 @pytest.fixture(params=RUNTIMES)
