@@ -27,6 +27,24 @@ void set_current_device(int device) {
   GPUMEM_CU(cuCtxSetCurrent, detail::primary_context(device));
 }
 
+std::optional<int> current_context_device() {
+  CUcontext ctx = nullptr;
+  GPUMEM_CU(cuCtxGetCurrent, &ctx);
+  if (ctx == nullptr) return std::nullopt;
+  CUdevice dev{};
+  GPUMEM_CU(cuCtxGetDevice, &dev);
+  return static_cast<int>(dev);
+}
+
+bool adopt_primary_context(int device) {
+  detail::validate_device(device, "gpumem::adopt_primary_context");
+  CUcontext ctx = nullptr;
+  GPUMEM_CU(cuCtxGetCurrent, &ctx);
+  if (ctx != nullptr) return false;
+  GPUMEM_CU(cuCtxSetCurrent, detail::primary_context(device));
+  return true;
+}
+
 memory_info device_memory_info(int device) {
   detail::validate_device(device, "gpumem::device_memory_info");
   detail::device_context_guard guard(device);

@@ -12,7 +12,7 @@
 // resource.
 //
 // Note [CuPy's C allocator]
-// Four decisions make CFunctionAllocator usable and fast.
+// Five decisions make CFunctionAllocator usable and fast.
 //
 // Errors. CuPy declares malloc `except +` from 14.1 on: a C++ exception thrown by
 // malloc becomes a Python exception, and when a Python error is already set Cython
@@ -43,6 +43,15 @@
 // against it). Callers without the GIL (ctypes.CDLL) are served too: the GIL is taken
 // only for the stream lookup.
 //
+// The context. CuPy's own pool makes its first cudaMalloc, which makes the primary
+// context of CuPy's device current on the calling thread; through gpumem no runtime
+// call does, and while no context is current CuPy's per-allocation runtime calls
+// (cudaGetDevice among them) take a slow path: an allocate+free cost 2.1 us instead
+// of 0.8 on an H200 host (docs/benchmarks.md, W7). So the first allocation of a
+// thread for a device makes that device's primary context current when the thread
+// has none (adopt_primary_context), which is what the runtime's first call would
+// do: CuPy's device is the runtime's current device. A thread with a context keeps it.
+//
 // Lifetime. CuPy's memory objects keep `param` and `free` but not the allocator's
 // owner, so a free may come after gpumem.cupy's module globals are gone (at
 // interpreter exit). The state is therefore never destroyed: one per allocator made,
@@ -60,6 +69,7 @@
 
 #include "bindings.hpp"
 #include "gpumem/current_resource.hpp"
+#include "gpumem/device.hpp"
 #include "gpumem/diagnostics.hpp"
 #include "gpumem/memory_resource.hpp"
 
@@ -137,6 +147,16 @@ bool is_out_of_memory(const std::exception_ptr& e) {
 // The last allocation of this thread, through either route, that ran out of memory.
 thread_local std::exception_ptr this_thread_out_of_memory;
 
+// The device whose context this thread last checked (Note [CuPy's C allocator], the
+// context): one compare per allocation after the first.
+thread_local int this_thread_context_device = -1;
+
+void adopt_context_once(int device) {
+  if (this_thread_context_device == device) [[likely]] return;
+  adopt_primary_context(device);
+  this_thread_context_device = device;
+}
+
 // The out-of-memory error `e` as a gpumem.OutOfMemoryError (not raised), or None.
 nb::object out_of_memory_or_none(const std::exception_ptr& e) {
   if (!e) return nb::none();
@@ -190,6 +210,7 @@ void* allocate(c_allocator& a, std::size_t size, int device) {
   void* p = nullptr;
   try {
     release_gil_if_held nogil;
+    adopt_context_once(device);
     e.resource = get_current_resource(device);
     p = e.resource->allocate(size, e.stream);
     try {
@@ -368,6 +389,7 @@ class cupy_hook {
       raw = nb::cast<std::uintptr_t>(stream_obj.attr("ptr"));
     }
     const auto stream = reinterpret_cast<CUstream>(raw);
+    adopt_context_once(device);
     std::shared_ptr<memory_resource> r = get_current_resource(device);
     void* p = nullptr;
     try {

@@ -46,6 +46,8 @@ void bind_system(nb::module_& m) {
         "The device of the calling thread's current context (0 when none is current).");
   m.def("set_current_device", &set_current_device, nb::arg("device"),
         "Makes the device's primary context current on the calling thread (as cudaSetDevice).");
+  m.def("current_context_device", &current_context_device,
+        "The device of the calling thread's current context, or None when none is current.");
   m.def(
       "device_memory_info",
       [](int device) {

@@ -275,6 +275,39 @@ def test_threads_allocate_and_free_at_once(stats):
     assert counters["current_bytes"] == 0 and counters["total_count"] == 4 * 300
 
 
+def test_a_thread_without_a_context_gets_the_device_primary_context(c_alloc, stats):
+    # Note [CuPy's C allocator], the context: as the CUDA runtime's first call would.
+    seen = []
+
+    def work():
+        seen.append(gpumem.current_context_device())
+        p = c_alloc.malloc(4096)
+        seen.append(gpumem.current_context_device())
+        c_alloc.free(p)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert seen == [None, 0]
+
+
+def test_a_thread_with_a_context_keeps_it(c_alloc, stats):
+    if gpumem.device_count() < 2:
+        pytest.skip("needs two devices")
+    seen = []
+
+    def work():
+        gpumem.set_current_device(1)
+        p = c_alloc.malloc(4096, device=0)
+        seen.append(gpumem.current_context_device())
+        c_alloc.free(p, device=0)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert seen == [1]
+
+
 def test_a_null_stream_function_is_refused():
     with pytest.raises(gpumem.LogicError):
         _core.CupyAllocator(0)

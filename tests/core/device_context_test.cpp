@@ -1,0 +1,44 @@
+// The calling thread's context: current_context_device and adopt_primary_context
+// (include/gpumem/device.hpp). Threads start with no current context, on the real
+// driver and on the simulator alike.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <thread>
+
+#include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem::test {
+namespace {
+
+TEST(DeviceContext, ANewThreadHasNoneAndAdoptsThePrimaryContextOnce) {
+  const int last = device_count() - 1;
+  std::thread([&] {
+    EXPECT_EQ(current_context_device(), std::nullopt);
+    EXPECT_TRUE(adopt_primary_context(last));
+    EXPECT_EQ(current_context_device(), std::optional<int>(last));
+    EXPECT_EQ(current_device(), last);
+    // A thread with a current context keeps it, whichever device is asked for.
+    EXPECT_FALSE(adopt_primary_context(0));
+    EXPECT_EQ(current_context_device(), std::optional<int>(last));
+  }).join();
+}
+
+TEST(DeviceContext, SetCurrentDeviceIsWhatCurrentContextDeviceReports) {
+  std::thread([] {
+    set_current_device(0);
+    EXPECT_EQ(current_context_device(), std::optional<int>(0));
+  }).join();
+}
+
+TEST(DeviceContext, AnUnknownDeviceIsRefusedAndNothingChanges) {
+  std::thread([] {
+    EXPECT_THROW(adopt_primary_context(device_count()), logic_error);
+    EXPECT_THROW(adopt_primary_context(-1), logic_error);
+    EXPECT_EQ(current_context_device(), std::nullopt);
+  }).join();
+}
+
+}  // namespace
+}  // namespace gpumem::test
