@@ -30,6 +30,9 @@ struct subject {
   subject_kind kind;
   std::shared_ptr<memory_resource> (*make)(int device);
   bool (*available)(std::string& why) = nullptr;
+  // The same resource as another row but for how the hot path checks for CUDA graph
+  // captures: workloads that time no hot path (W4) leave such a row out.
+  bool capture_check_variant = false;
 };
 
 // Every row this build knows, in table order (subjects.cpp).

@@ -63,10 +63,10 @@ std::shared_ptr<memory_resource> pinned_host(int device) {
 
 constexpr subject subjects[] = {
     {default_subject_name, subject_kind::gpumem, &default_stack},
-    {"gpumem vmm_pool_resource (capture watch)", subject_kind::gpumem, &vmm_pool_watching_captures},
+    {"gpumem vmm_pool_resource (capture watch)", subject_kind::gpumem, &vmm_pool_watching_captures, nullptr, true},
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
-    {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check},
-    {"gpumem pool_resource (capture watch)", subject_kind::gpumem, &pool_watching_captures},
+    {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check, nullptr, true},
+    {"gpumem pool_resource (capture watch)", subject_kind::gpumem, &pool_watching_captures, nullptr, true},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},
     {async_subject_name, subject_kind::gpumem, &on_device<async_resource>},

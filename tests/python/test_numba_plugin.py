@@ -75,6 +75,24 @@ def test_finalizer_frees_through_gpumem(manager, fresh_pool):
     assert live(fresh_pool) == 0
 
 
+def test_the_last_reference_frees_at_once_without_a_collection(manager, fresh_pool):
+    mem = manager.memalloc(1 << 20)
+    del mem  # no gc.collect(): the pointer's __del__ runs as CPython drops it
+    assert live(fresh_pool) == 0
+
+
+def test_free_frees_once_and_then_refuses(manager, fresh_pool):
+    mem = manager.memalloc(4096)
+    view = mem.view(1024)  # a view keeps its owner, not the memory
+    mem.free()
+    assert live(fresh_pool) == 0
+    with pytest.raises(RuntimeError, match="Freeing dead memory"):
+        mem.free()
+    del view, mem
+    gc.collect()
+    assert live(fresh_pool) == 0
+
+
 def test_free_goes_to_the_allocating_resource(manager, fresh_pool):
     mem = manager.memalloc(4096)
     previous = gpumem.set_current_resource(gpumem.CudaResource(0), 0)
