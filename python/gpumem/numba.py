@@ -71,17 +71,17 @@ class _Plugin:
     _runtime = None  # set on each built class, with the two below
     _ipc_handle_class = None
     _mapped_memory_class = None
-    _device_pointer_class = None
 
     def __init__(self, *args, **kwargs):
         # The runtime also builds one with context=None just to read interface_version,
         # so nothing here may touch CUDA.
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
-        self._live = {}  # id(buffer) -> gpumem.DeviceBuffer whose memory reset() frees
+        self._live = {}  # id(buffer) -> gpumem.DeviceBuffer (mapped, managed) whose memory reset() frees
         self._deferred = []  # buffers whose free defer_cleanup() holds back
         self._defer_depth = 0
         self._stream = _default_stream(self._runtime)
+        self._allocations = _core.NumbaAllocations(int(self._stream))  # device memory
         self._device = None
         self._context_proxy = None
         self._initialized = False
@@ -111,10 +111,13 @@ class _Plugin:
         pointer = self._runtime.device_pointer
         if size == 0:
             return self._runtime.cuda.MemoryPointer(context, pointer(0), 0)
-        buffer = _core.DeviceBuffer(size, self._stream, device=self._device)
-        key = id(buffer)
-        self._live[key] = buffer
-        return self._device_pointer_class(context, pointer(buffer.ptr), size, _Release(self, key))
+        # Note [Numba allocations in C++] (python/src/numba_allocations.cpp): the runtime's
+        # own pointer, with a finalizer that frees when the pointer goes.
+        allocation = self._allocations.allocate(size)
+        mem = self._runtime.cuda.MemoryPointer(context, pointer(allocation.ptr), size)
+        mem.is_managed = True
+        mem._finalizer = allocation
+        return mem
 
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
         """Pinned host memory from a gpumem.PinnedHostResource of the context's device with
@@ -224,6 +227,7 @@ class _Plugin:
         set_current_resource is kept. The plugin's pinned and managed resources of the
         device are made anew as well."""
         super().reset()  # drops the mapped and managed memory the base class holds
+        self._allocations.free_all()
         with self._lock:
             buffers = list(self._live.values()) + self._deferred
             self._live.clear()
@@ -245,6 +249,7 @@ class _Plugin:
         with super().defer_cleanup():
             with self._lock:
                 self._defer_depth += 1
+            self._allocations.defer_begin()
             try:
                 yield
             finally:
@@ -255,6 +260,7 @@ class _Plugin:
                         held, self._deferred = self._deferred, []
                 for b in held:
                     b.close()
+                self._allocations.defer_end()
 
     # ---- helpers ---------------------------------------------------------------
 
@@ -269,7 +275,7 @@ class _Plugin:
 
     def _bind(self):
         # The first allocation: resolve what every later one reuses.
-        self._device_id()
+        self._allocations.device = self._device_id()
         self._context_proxy = weakref.proxy(self.context)
         return self._context_proxy
 
@@ -291,18 +297,6 @@ class _Plugin:
             buffer.close()
 
         return free
-
-    def _release(self, key):
-        """Frees the device buffer `key` (_Release): nothing when reset() freed it already."""
-        buffer = self._live.pop(key, None)
-        if buffer is None:
-            return
-        if self._defer_depth:
-            with self._lock:
-                if self._defer_depth:
-                    self._deferred.append(buffer)
-                    return
-        buffer.close()
 
     def _unpin(self, key, registration):
         allocations = self.allocations
@@ -348,63 +342,10 @@ def _build(runtime):
         _runtime = runtime
         _ipc_handle_class = _build_ipc_handle_class(runtime)
         _mapped_memory_class = _build_mapped_memory_class(runtime)
-        _device_pointer_class = _build_device_pointer_class(runtime)
 
     GpumemNumbaManager.__module__ = __name__
     GpumemNumbaManager.__qualname__ = "GpumemNumbaManager"
     return GpumemNumbaManager
-
-
-# Note [A finalizer without weakref.finalize]
-# The runtime's MemoryPointer frees through weakref.finalize when it is given a
-# finalizer: a weak reference with a callback, an entry in finalize's registry and its
-# atexit bookkeeping, made for every array and undone at every free. That was most of
-# what the plugin added to device_array over a plugin that allocates nothing (W7,
-# docs/benchmarks.md). gpumem's device pointers are a subclass whose `_finalizer` is a
-# _Release, called from the pointer's __del__: the same contract (is_managed, free()
-# once, "Freeing dead memory" after, the memory freed when the last reference goes, in
-# stream order on the plugin's stream), without the weak reference. A _Release holds
-# the plugin and the buffer's key, never the pointer, so it makes no cycle; reset()
-# frees the buffers itself and a later _Release finds nothing to free. At interpreter
-# exit weakref.finalize would free what is still live; __del__ may not run then, which
-# loses nothing: the process's device memory goes with its context.
-
-
-class _Release:
-    """Frees one device buffer of a plugin, once: from its pointer's __del__ or free()."""
-
-    __slots__ = ("_plugin", "_key", "alive")
-
-    def __init__(self, plugin, key):
-        self._plugin = plugin
-        self._key = key
-        self.alive = True
-
-    def __call__(self):
-        if self.alive:
-            self.alive = False
-            self._plugin._release(self._key)
-
-
-def _build_device_pointer_class(runtime):
-    base = runtime.cuda.MemoryPointer
-
-    class GpumemMemoryPointer(base):
-        """The runtime's MemoryPointer over a gpumem.DeviceBuffer, freed when the pointer goes
-        (Note [A finalizer without weakref.finalize] in gpumem/numba.py)."""
-
-        def __init__(self, context, pointer, size, release):
-            base.__init__(self, context, pointer, size)
-            self.is_managed = True
-            self._finalizer = release
-
-        def __del__(self):
-            release = self.__dict__.get("_finalizer")
-            if release is not None:
-                release()
-
-    GpumemMemoryPointer.__module__ = __name__
-    return GpumemMemoryPointer
 
 
 def _build_mapped_memory_class(runtime):

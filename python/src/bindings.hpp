@@ -35,6 +35,10 @@ struct stream_arg {
 // Converts a Python stream argument; TypeError for anything else.
 stream_arg to_stream(nb::handle obj);
 
+// Makes `device`'s primary context current if the calling thread has none, checked
+// once per thread and device (Note [A thread's first context] in system.cpp).
+void adopt_context_once(int device);
+
 // A byte count from Python: an int (or anything with __index__, as numpy's
 // integers), not a bool, a str or a float (TypeError naming `where`); negative
 // or past 2^64 - 1: gpumem.LogicError.
@@ -90,6 +94,7 @@ void bind_adaptors(nb::module_& m);          // every adaptor but the next
 void bind_oom_retry(nb::module_& m);         // OomRetryAdaptor: Python callbacks on out-of-memory
 void bind_device_buffer(nb::module_& m);
 void bind_cupy_hook(nb::module_& m);
+void bind_numba_allocations(nb::module_& m);  // gpumem.numba's device allocations
 void bind_ipc(nb::module_& m);
 void bind_config(nb::module_& m);
 void bind_diagnostics(nb::module_& m);     // gpumem's diagnostics into logging

@@ -44,13 +44,9 @@
 // only for the stream lookup.
 //
 // The context. CuPy's own pool makes its first cudaMalloc, which makes the primary
-// context of CuPy's device current on the calling thread; through gpumem no runtime
-// call does, and while no context is current CuPy's per-allocation runtime calls
-// (cudaGetDevice among them) take a slow path: an allocate+free cost 2.1 us instead
-// of 0.8 on an H200 host (docs/benchmarks.md, W7). So the first allocation of a
-// thread for a device makes that device's primary context current when the thread
-// has none (adopt_primary_context), which is what the runtime's first call would
-// do: CuPy's device is the runtime's current device. A thread with a context keeps it.
+// context of CuPy's device current; through gpumem nothing does, and CuPy's runtime
+// calls are slow while none is current. Each route's allocation calls
+// adopt_context_once (Note [A thread's first context] in system.cpp).
 //
 // Lifetime. CuPy's memory objects keep `param` and `free` but not the allocator's
 // owner, so a free may come after gpumem.cupy's module globals are gone (at
@@ -69,7 +65,6 @@
 
 #include "bindings.hpp"
 #include "gpumem/current_resource.hpp"
-#include "gpumem/device.hpp"
 #include "gpumem/diagnostics.hpp"
 #include "gpumem/memory_resource.hpp"
 
@@ -147,15 +142,6 @@ bool is_out_of_memory(const std::exception_ptr& e) {
 // The last allocation of this thread, through either route, that ran out of memory.
 thread_local std::exception_ptr this_thread_out_of_memory;
 
-// The device whose context this thread last checked (Note [CuPy's C allocator], the
-// context): one compare per allocation after the first.
-thread_local int this_thread_context_device = -1;
-
-void adopt_context_once(int device) {
-  if (this_thread_context_device == device) [[likely]] return;
-  adopt_primary_context(device);
-  this_thread_context_device = device;
-}
 
 // The out-of-memory error `e` as a gpumem.OutOfMemoryError (not raised), or None.
 nb::object out_of_memory_or_none(const std::exception_ptr& e) {

@@ -99,6 +99,7 @@ void construct(device_buffer* self, nb::handle size_arg, nb::handle stream, std:
     }
   } else if (size != 0) {
     // The hot path: the current resource says its device (no second device lookup).
+    if (!device) adopt_context_once(0);  // Note [A thread's first context] in system.cpp
     resource = get_current_resource(device.value_or(-1));
     dev = resource->properties().device;
   } else {

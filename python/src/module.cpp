@@ -23,6 +23,7 @@ NB_MODULE(_core, m) {
   gp::bind_oom_retry(m);
   gp::bind_device_buffer(m);
   gp::bind_cupy_hook(m);
+  gp::bind_numba_allocations(m);
   gp::bind_ipc(m);
   gp::bind_config(m);
   gp::bind_diagnostics(m);

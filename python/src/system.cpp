@@ -27,7 +27,29 @@ backend_choice parse_choice(const std::optional<std::string>& kind) {
 
 std::string name(backend_kind k) { return std::string(to_string(k)); }
 
+// The device whose context this thread last checked.
+thread_local int this_thread_context_device = -1;
+
 }  // namespace
+
+// Note [A thread's first context]
+// A program that allocates through gpumem's Python package may never call the CUDA
+// runtime, which would make a context current at its first call on a thread: CuPy
+// through gpumem.cupy (its own pool's first cudaMalloc would), or DeviceBuffer alone.
+// While no context is current, the driver's and the runtime's "which context is
+// current" answers take a slow path on some hosts: a DeviceBuffer made and dropped,
+// whose only driver call is cuCtxGetCurrent, and CuPy's allocate+free through gpumem
+// each cost about 1.3 us more there (W7, docs/benchmarks.md). So the first allocation
+// of a thread makes the device's primary context current when the thread has none
+// (adopt_primary_context): CuPy's device is the runtime's current device, and
+// DeviceBuffer's default is device 0, the runtime's default; exactly what the
+// runtime's first call would have done. A thread with a current context keeps it,
+// and a later check costs one compare.
+void adopt_context_once(int device) {
+  if (this_thread_context_device == device) [[likely]] return;
+  adopt_primary_context(device);
+  this_thread_context_device = device;
+}
 
 void bind_system(nb::module_& m) {
   m.def(

@@ -321,3 +321,20 @@ def test_repr():
     assert "size=10" in repr(b) and "device=0" in repr(b)
     b.close()
     assert "closed" in repr(b)
+
+
+def test_a_thread_without_a_context_gets_device_0_s_primary_context():
+    # Note [A thread's first context] (python/src/system.cpp): as the CUDA runtime's first call.
+    import threading
+
+    seen = []
+
+    def work():
+        seen.append(gpumem.current_context_device())
+        gpumem.DeviceBuffer(4096)
+        seen.append(gpumem.current_context_device())
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert seen == [None, 0]

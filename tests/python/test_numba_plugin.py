@@ -93,6 +93,18 @@ def test_free_frees_once_and_then_refuses(manager, fresh_pool):
     assert live(fresh_pool) == 0
 
 
+def test_a_pointer_after_reset_frees_nothing_and_can_still_be_freed_once(manager, fresh_pool):
+    mem = manager.memalloc(4096)
+    manager.reset()
+    assert live(fresh_pool) == 0
+    allocation = mem._finalizer
+    assert allocation.alive  # as a finalizer of Numba's own manager after its reset
+    mem.free()  # frees nothing: reset() did
+    assert not allocation.alive
+    with pytest.raises(RuntimeError, match="Freeing dead memory"):
+        mem.free()
+
+
 def test_free_goes_to_the_allocating_resource(manager, fresh_pool):
     mem = manager.memalloc(4096)
     previous = gpumem.set_current_resource(gpumem.CudaResource(0), 0)

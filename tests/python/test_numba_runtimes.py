@@ -74,8 +74,8 @@ def test_each_runtime_gets_a_class_of_its_own(runtime, gnumba):
 
 def test_memalloc_returns_the_runtime_s_pointer_from_the_pool(manager, runtime, fresh_pool):
     mem = manager.memalloc(3000)
-    assert isinstance(mem, runtime.MemoryPointer) and mem.is_managed
-    assert type(mem).__name__ == "GpumemMemoryPointer"  # Note [A finalizer without weakref.finalize]
+    assert type(mem) is runtime.MemoryPointer and mem.is_managed
+    assert type(mem._finalizer).__name__ == "NumbaAllocation"  # Note [Numba allocations in C++]
     assert fresh_pool.statistics()["allocations"] == 1
     assert isinstance(manager.get_memory_info(), runtime.MemoryInfo)
     del mem
@@ -366,7 +366,7 @@ def test_the_runtime_that_reads_the_plugin_gets_its_class_without_importing_numb
                 device = Device()
             context = Context()
             mem = cls(context=context).memalloc(1000)
-            print(isinstance(mem, driver.MemoryPointer), int(mem.device_pointer) != 0)
+            print(type(mem) is driver.MemoryPointer, int(mem.device_pointer) != 0)
             print(sorted(m for m in sys.modules if m == "numba" or m.startswith("numba.")))
             """
         ),
