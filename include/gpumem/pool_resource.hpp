@@ -64,6 +64,7 @@ struct pool_options {
 struct pool_statistics {
   std::size_t used_bytes = 0;       // handed out (rounded to the 256-byte granule)
   std::size_t reserved_bytes = 0;   // held from the upstream
+  std::size_t peak_reserved_bytes = 0;  // the most held at once since the pool was made or reset_peak()
   std::size_t free_bytes = 0;       // reserved and not handed out
   std::size_t free_blocks = 0;
   std::size_t largest_free_block = 0;
@@ -92,6 +93,8 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
   std::size_t trim(stream_view stream);
 
   pool_statistics statistics() const;
+  // peak_reserved_bytes becomes what the pool holds now (torch.cuda.reset_peak_memory_stats).
+  void reset_peak();
   const pool_options& options() const noexcept;
   memory_resource& upstream() const noexcept;
   resource_properties properties() const noexcept override;

@@ -85,6 +85,7 @@ struct vmm_pool_options {
 struct vmm_pool_statistics {
   std::size_t used_bytes = 0;          // handed out (256-byte granules)
   std::size_t mapped_bytes = 0;        // physical memory the pool holds (pages)
+  std::size_t peak_mapped_bytes = 0;   // the most held at once since the pool was made or reset_peak()
   std::size_t free_bytes = 0;          // mapped and not handed out
   std::size_t address_bytes = 0;       // reserved addresses (every segment)
   std::size_t largest_free_block = 0;  // mapped, usable without a driver call
@@ -127,6 +128,8 @@ class GPUMEM_EXPORT vmm_pool_resource final : public memory_resource {
   std::vector<physical_piece> physical_pieces(const void* ptr, std::size_t bytes) const;
 
   vmm_pool_statistics statistics() const;
+  // peak_mapped_bytes becomes what the pool holds now (torch.cuda.reset_peak_memory_stats).
+  void reset_peak();
   const vmm_pool_options& options() const noexcept;
   // The page size in use (options().page_bytes, or the device's granularity).
   std::size_t page_bytes() const noexcept;

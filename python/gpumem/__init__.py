@@ -134,7 +134,9 @@ def stack_report(device=None, resource=None):
     ``total_bytes``, ``current_count``, ``peak_count``, ``total_count``; None without
     ``stats``), ``limit_bytes`` and ``limit_used_bytes`` (a ``limit``; None without),
     ``used_bytes``, ``reserved_bytes`` and ``maximum_bytes`` (the base resource: what it hands
-    out, what it holds from the device, its budget or None), ``logs`` (the paths of its
+    out, what it holds from the device, its budget or None), ``peak_reserved_bytes`` (the
+    most the base held at once since it was made or its peak was reset; None where it keeps
+    no peak: CudaResource, ManagedResource), ``logs`` (the paths of its
     event logs) and ``log_events``. Reads `resource`, or the current resource of `device`
     (None: the current device). Nothing is allocated."""
     if resource is None:

@@ -22,7 +22,7 @@ here answer with torch's key names. An out-of-memory inside a PyTorch allocation
 reaches Python as RuntimeError with gpumem's explanation; translate_out_of_memory()
 makes it torch.OutOfMemoryError and last_out_of_memory() gives its figures (Note [Out
 of memory inside a PyTorch allocation] in python/src/torch_allocator.cpp says why).
-See docs/python.md, "PyTorch". torch is imported only by use_gpumem_for_torch() and
+See docs/python-frameworks.md, "PyTorch". torch is imported only by use_gpumem_for_torch() and
 by translate_out_of_memory() when it has an error to translate.
 """
 
@@ -32,6 +32,7 @@ import os
 import sys
 
 import gpumem
+from gpumem import _core
 
 __all__ = [
     "ALLOC_SYMBOL",
@@ -180,6 +181,8 @@ def _memory_stats_from(counters, stack, available_bytes=None):
     stats["num_ooms"] = counters["ooms"]
     if stack.get("reserved_bytes") is not None:
         stats["reserved_bytes.all.current"] = stack["reserved_bytes"]
+    if stack.get("peak_reserved_bytes") is not None:
+        stats["reserved_bytes.all.peak"] = stack["peak_reserved_bytes"]
     stats["gpumem.released_bytes"] = counters["released_bytes"]
     for key in ("used_bytes", "maximum_bytes", "limit_bytes", "limit_used_bytes"):
         if stack.get(key) is not None:
@@ -200,14 +203,14 @@ def memory_stats(device=None):
       ``allocation.all.*`` the same as counts; ``num_ooms``: allocations gpumem refused.
     - ``reserved_bytes.all.current``: what the current resource stack of `device` holds
       from the device (its base pool's reserved or mapped bytes), for every user of the
-      stack (Numba and CuPy too, when they share it).
+      stack (Numba and CuPy too, when they share it); ``reserved_bytes.all.peak``: the most
+      it held at once (where the base keeps a peak: the pools and AsyncResource).
     - ``gpumem.*``: ``released_bytes`` (given back by empty_cache), the base's
       ``used_bytes`` and ``maximum_bytes``, a limit's ``limit_bytes`` and
       ``limit_used_bytes``, ``available_bytes`` (what the stack could still hand out)
       and, with a statistics adaptor, ``stats.*`` (its counters: every user's).
 
-    Left out, having no figure in gpumem: ``reserved_bytes.all.peak`` (the pools keep no
-    peak of what they hold), ``num_alloc_retries`` (the pool's slow path does not count
+    Left out, having no figure in gpumem: ``num_alloc_retries`` (the pool's slow path does not count
     its retries), the large/small pool split and the segment counts."""
     d = _device_index(device)
     resource = gpumem.get_current_resource(d)
@@ -240,20 +243,28 @@ def memory_reserved(device=None):
 
 
 def max_memory_reserved(device=None):
-    """Always gpumem.UnsupportedError: gpumem's pools keep no peak of what they hold, and
-    a peak sampled now and then would be a wrong answer. max_memory_allocated() is exact;
-    a stack with ``log`` (GPUMEM_CONF) records every chunk, and gpumem-report shows the
-    peak the pool held (docs/observability.md)."""
-    raise gpumem.UnsupportedError(
-        "gpumem.torch: no peak of reserved memory on device %d: gpumem's pools do not keep one; "
-        "use max_memory_allocated(), or log the stack (GPUMEM_CONF=...,log=FILE) and read the "
-        "peak with gpumem-report" % _device_index(device))
+    """The most bytes the current resource stack of `device` held from the device at once
+    (for all its users), since it was made or the last reset_peak_memory_stats().
+    gpumem.UnsupportedError where its base resource keeps no peak (CudaResource,
+    ManagedResource: a stack with ``log`` records every allocation, and gpumem-report
+    shows the peak, docs/observability.md)."""
+    d = _device_index(device)
+    peak = gpumem.stack_report(device=d)["peak_reserved_bytes"]
+    if peak is None:
+        raise gpumem.UnsupportedError(
+            "gpumem.torch: the current resource of device %d keeps no peak of what it holds; use "
+            "max_memory_allocated(), or log the stack (GPUMEM_CONF=...,log=FILE) and read the peak "
+            "with gpumem-report" % d)
+    return peak
 
 
 def reset_peak_memory_stats(device=None):
     """The peaks of ``allocated_bytes``, ``requested_bytes`` and ``allocation`` restart
-    from what PyTorch holds now."""
-    _lib().gpumem_torch_reset_peaks(_device_index(device))
+    from what PyTorch holds now, and ``reserved_bytes``' from what the current resource
+    stack of `device` holds (where its base keeps a peak)."""
+    d = _device_index(device)
+    _lib().gpumem_torch_reset_peaks(d)
+    _core._reset_reserved_peak(gpumem.get_current_resource(d))
 
 
 def reset_accumulated_memory_stats(device=None):

@@ -36,6 +36,7 @@ struct stack_view {
   std::optional<allocation_counters> counters;  // the outermost statistics adaptor's
   std::optional<std::size_t> limit_bytes, limit_used_bytes;  // the innermost limit's
   std::optional<std::size_t> used_bytes, reserved_bytes, maximum_bytes;  // the base's
+  std::optional<std::size_t> peak_reserved_bytes;  // the base's, where it keeps one
   std::vector<std::shared_ptr<event_log>> logs;  // each log once, outermost first
 };
 
@@ -71,18 +72,21 @@ stack_view walk(const memory_resource& top) {
       const pool_statistics s = pool->statistics();
       v.used_bytes = s.used_bytes;
       v.reserved_bytes = s.reserved_bytes;
+      v.peak_reserved_bytes = s.peak_reserved_bytes;
       if (pool->options().maximum_bytes != 0) v.maximum_bytes = pool->options().maximum_bytes;
       base_seen = true;
     } else if (const auto* vmm = dynamic_cast<const vmm_pool_resource*>(r)) {
       const vmm_pool_statistics s = vmm->statistics();
       v.used_bytes = s.used_bytes;
       v.reserved_bytes = s.mapped_bytes;
+      v.peak_reserved_bytes = s.peak_mapped_bytes;
       if (vmm->options().maximum_bytes != 0) v.maximum_bytes = vmm->options().maximum_bytes;
       base_seen = true;
     } else if (const auto* as = dynamic_cast<const async_resource*>(r)) {
       const async_statistics s = as->statistics();
       v.used_bytes = s.used_bytes;
       v.reserved_bytes = s.reserved_bytes;
+      v.peak_reserved_bytes = s.reserved_high_bytes;
       base_seen = true;
     } else if (const auto* cu = dynamic_cast<const cuda_resource*>(r)) {
       v.used_bytes = v.reserved_bytes = cu->allocated_bytes();
@@ -108,6 +112,30 @@ std::string nested(const std::vector<std::string>& layers) {
   return text;
 }
 
+// Restarts the peak of what the stack's base resource holds from what it holds now;
+// false where the base keeps no peak. The base as walk() finds it: the first layer
+// that is not an adaptor.
+bool reset_reserved_peak(memory_resource& top) {
+  nb::gil_scoped_release release;
+  for (const memory_resource* r = &top; r != nullptr; r = r->next_layer()) {
+    if (dynamic_cast<const resource_adaptor*>(r) != nullptr) continue;
+    // The layers below `top` are reached through const pointers; none of them is a
+    // const object, so resetting a statistic through a const_cast is sound.
+    auto* base = const_cast<memory_resource*>(r);
+    if (auto* pool = dynamic_cast<pool_resource*>(base)) {
+      pool->reset_peak();
+    } else if (auto* vmm = dynamic_cast<vmm_pool_resource*>(base)) {
+      vmm->reset_peak();
+    } else if (auto* as = dynamic_cast<async_resource*>(base)) {
+      as->reset_high_watermarks();
+    } else {
+      return false;
+    }
+    return true;
+  }
+  return false;
+}
+
 nb::dict stack_report(const memory_resource& resource) {
   stack_view v;
   {
@@ -126,6 +154,7 @@ nb::dict stack_report(const memory_resource& resource) {
   d["limit_used_bytes"] = optional_int(v.limit_used_bytes);
   d["used_bytes"] = optional_int(v.used_bytes);
   d["reserved_bytes"] = optional_int(v.reserved_bytes);
+  d["peak_reserved_bytes"] = optional_int(v.peak_reserved_bytes);
   d["maximum_bytes"] = optional_int(v.maximum_bytes);
   nb::list logs;
   for (const auto& l : v.logs) logs.append(l->path());
@@ -163,6 +192,9 @@ void bind_config(nb::module_& m) {
   m.def("_stack_report", &stack_report, nb::arg("resource"),
         "What a resource stack has counted (gpumem.stack_report): its layers, the outermost "
         "statistics adaptor's counters, the limit, the base's used/reserved/maximum bytes, its logs.");
+  m.def("_reset_reserved_peak", &reset_reserved_peak, nb::arg("resource"),
+        "Restarts the base resource's peak of held bytes from what it holds now; False where it "
+        "keeps none (gpumem.torch.reset_peak_memory_stats).");
   m.def("_flush_logs", &flush_logs, nb::arg("resource"),
         "Writes every event of each log in the stack now (gpumem.flush_logs); returns their paths.");
 }

@@ -1,4 +1,4 @@
-// gpumem.cupy's two ways into CuPy (docs/python.md, "CuPy"):
+// gpumem.cupy's two ways into CuPy (docs/python-frameworks.md, "CuPy"):
 //
 //   CupyAllocator  C functions for cupy.cuda.memory.CFunctionAllocator (CuPy >= 14.1):
 //                  malloc(param, size, device_id) and free(param, ptr, device_id),

@@ -38,6 +38,7 @@ nb::dict statistics_dict(const pool_statistics& s) {
   nb::dict d;
   d["used_bytes"] = s.used_bytes;
   d["reserved_bytes"] = s.reserved_bytes;
+  d["peak_reserved_bytes"] = s.peak_reserved_bytes;
   d["free_bytes"] = s.free_bytes;
   d["free_blocks"] = s.free_blocks;
   d["largest_free_block"] = s.largest_free_block;
@@ -51,6 +52,7 @@ nb::dict statistics_dict(const vmm_pool_statistics& s) {
   nb::dict d;
   d["used_bytes"] = s.used_bytes;
   d["mapped_bytes"] = s.mapped_bytes;
+  d["peak_mapped_bytes"] = s.peak_mapped_bytes;
   d["free_bytes"] = s.free_bytes;
   d["address_bytes"] = s.address_bytes;
   d["largest_free_block"] = s.largest_free_block;
@@ -264,8 +266,9 @@ void bind_resources(nb::module_& m) {
            "Gives back the fully free chunks whose frees are fenced, without blocking the host "
            "(after fencing `stream`'s frees when one is given). Returns bytes.")
       .def("statistics", [](const pool_resource& p) { return statistics_dict(p.statistics()); },
-           "used_bytes, reserved_bytes, free_bytes, free_blocks, largest_free_block, allocations, "
-           "chunks, streams.")
+           "used_bytes, reserved_bytes, peak_reserved_bytes (the most held at once since the pool was "
+           "made or reset_peak()), free_bytes, free_blocks, largest_free_block, allocations, chunks, streams.")
+      .def("reset_peak", &pool_resource::reset_peak, "peak_reserved_bytes becomes what the pool holds now.")
       .def_prop_ro("upstream", [](const pool_resource& p) -> memory_resource& { return p.upstream(); },
                    nb::rv_policy::reference_internal, "The resource the pool takes its chunks from.")
       .def("__repr__", [](const pool_resource& p) {
@@ -332,8 +335,10 @@ void bind_resources(nb::module_& m) {
              }
              return statistics_dict(s);
            },
-           "used_bytes, mapped_bytes, free_bytes, address_bytes, largest_free_block, allocations, "
+           "used_bytes, mapped_bytes, peak_mapped_bytes (the most held at once since the pool was made "
+           "or reset_peak()), free_bytes, address_bytes, largest_free_block, allocations, "
            "pages, pages_created, pages_moved, pages_revived, pages_released, alias_pages, streams.")
+      .def("reset_peak", &vmm_pool_resource::reset_peak, "peak_mapped_bytes becomes what the pool holds now.")
       .def("__repr__", [](const vmm_pool_resource& p) {
         const vmm_pool_statistics s = p.statistics();
         return "<gpumem.VmmPoolResource device=" + std::to_string(p.properties().device) +

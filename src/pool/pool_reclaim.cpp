@@ -165,6 +165,7 @@ bool pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_short*/
       epoch = ++a.frees;
     }
     pool.add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, epoch);
+    pool.note_reserved();
     return true;
   }
   return false;

@@ -6,6 +6,7 @@
 #include "diagnose.hpp"
 #include "gpumem/device.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "driver/driver.hpp"
@@ -67,6 +68,7 @@ pool_resource::impl::impl(memory_resource& up, std::shared_ptr<memory_resource> 
     void* p = upstream->allocate_sync(bytes);
     detail::arena& a = pool.create_arena(detail::stream_ordered_pool::key_of(CU_STREAM_LEGACY), CU_STREAM_LEGACY);
     pool.reserved_bytes += bytes;
+    pool.note_reserved();
     pool.add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, 0);
   }
 }
@@ -143,10 +145,13 @@ std::size_t pool_resource::trim(stream_view stream) {
 
 pool_statistics pool_resource::statistics() const {
   const detail::pool_totals t = impl_->pool.collect();
-  return {.used_bytes = t.used_bytes, .reserved_bytes = t.reserved_bytes, .free_bytes = t.free_bytes,
-          .free_blocks = t.free_blocks, .largest_free_block = t.largest_free_block,
+  return {.used_bytes = t.used_bytes, .reserved_bytes = t.reserved_bytes,
+          .peak_reserved_bytes = std::max(impl_->pool.peak_reserved_bytes.load(), t.reserved_bytes),
+          .free_bytes = t.free_bytes, .free_blocks = t.free_blocks, .largest_free_block = t.largest_free_block,
           .allocations = t.allocations, .chunks = t.chunks, .streams = t.streams};
 }
+
+void pool_resource::reset_peak() { impl_->pool.reset_peak_reserved(); }
 
 const pool_options& pool_resource::options() const noexcept { return impl_->opt; }
 

@@ -203,6 +203,17 @@ class stream_ordered_pool {
   mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner
   std::map<std::uintptr_t, std::unique_ptr<chunk>> chunks;  // by base address
   std::atomic<std::size_t> reserved_bytes{0};  // what the backing holds
+  std::atomic<std::size_t> peak_reserved_bytes{0};  // the most reserved_bytes was since the last reset
+
+  // After reserved_bytes grew (and the memory is held): raises the peak to it.
+  void note_reserved() noexcept {
+    const std::size_t now = reserved_bytes.load(std::memory_order_relaxed);
+    std::size_t peak = peak_reserved_bytes.load(std::memory_order_relaxed);
+    while (now > peak && !peak_reserved_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+  // The peak becomes what is held now.
+  void reset_peak_reserved() noexcept { peak_reserved_bytes.store(reserved_bytes.load()); }
   unsigned page_shift = 0;  // paged pools: log2(settings.page_bytes)
 
   std::mutex growth_mutex;  // serialises growing and giving back

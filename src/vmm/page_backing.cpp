@@ -135,6 +135,7 @@ std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector
     if (!h) break;
     out.push_back(*h);
     pool.reserved_bytes += page;
+    pool.note_reserved();
     ++pages_created;
     ++made;
   }

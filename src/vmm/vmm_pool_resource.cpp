@@ -178,6 +178,8 @@ std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_piece
   return out;
 }
 
+void vmm_pool_resource::reset_peak() { impl_->pool.reset_peak_reserved(); }
+
 vmm_pool_statistics vmm_pool_resource::statistics() const {
   impl& m = *impl_;
   std::lock_guard growing(m.pool.growth_mutex);  // the handles' places change only under it
@@ -195,6 +197,7 @@ vmm_pool_statistics vmm_pool_resource::statistics() const {
   vmm_pool_statistics s;
   s.used_bytes = t.used_bytes;
   s.mapped_bytes = m.pool.reserved_bytes.load();
+  s.peak_mapped_bytes = std::max(m.pool.peak_reserved_bytes.load(), s.mapped_bytes);
   s.free_bytes = t.free_bytes;
   s.address_bytes = m.address_bytes.load();
   s.largest_free_block = t.largest_free_block;

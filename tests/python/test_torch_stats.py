@@ -82,7 +82,8 @@ def test_the_key_mapping():
     counters = dict(current_bytes=300, peak_bytes=900, allocated_bytes=1200, freed_bytes=900,
                     current_count=1, peak_count=3, allocated_count=4, freed_count=3, ooms=2,
                     released_bytes=4096)
-    stack = dict(stack="stats(limit(pool(cuda)))", device=0, reserved_bytes=2 * MiB, used_bytes=512,
+    stack = dict(stack="stats(limit(pool(cuda)))", device=0, reserved_bytes=2 * MiB, peak_reserved_bytes=3 * MiB,
+                 used_bytes=512,
                  maximum_bytes=None, limit_bytes=MiB, limit_used_bytes=512, logs=[], log_events=None,
                  statistics=dict(current_bytes=512, peak_bytes=1024, total_bytes=2048, current_count=2,
                                  peak_count=3, total_count=7))
@@ -95,16 +96,18 @@ def test_the_key_mapping():
     assert (s["allocation.all.current"], s["allocation.all.peak"], s["allocation.all.allocated"],
             s["allocation.all.freed"]) == (1, 3, 4, 3)
     assert s["num_ooms"] == 2 and s["reserved_bytes.all.current"] == 2 * MiB
+    assert s["reserved_bytes.all.peak"] == 3 * MiB
     assert s["gpumem.released_bytes"] == 4096 and s["gpumem.used_bytes"] == 512
     assert s["gpumem.limit_bytes"] == MiB and s["gpumem.limit_used_bytes"] == 512
     assert s["gpumem.available_bytes"] == MiB - 512
     assert s["gpumem.stats.total_count"] == 7 and s["gpumem.stats.peak_bytes"] == 1024
     assert "gpumem.maximum_bytes" not in s  # None: no budget
     # Figures gpumem does not have are absent, not zero.
-    for key in ("reserved_bytes.all.peak", "num_alloc_retries", "allocated_bytes.large_pool.current"):
+    for key in ("num_alloc_retries", "allocated_bytes.large_pool.current"):
         assert key not in s
-    bare = gtorch._memory_stats_from(counters, dict(reserved_bytes=None, statistics=None))
-    assert "reserved_bytes.all.current" not in bare and not any(k.startswith("gpumem.stats") for k in bare)
+    bare = gtorch._memory_stats_from(counters, dict(reserved_bytes=None, peak_reserved_bytes=None, statistics=None))
+    assert "reserved_bytes.all.current" not in bare and "reserved_bytes.all.peak" not in bare
+    assert not any(k.startswith("gpumem.stats") for k in bare)
 
 
 def test_figures_follow_allocations_and_frees(lib):
@@ -173,10 +176,30 @@ def test_a_statistics_adaptor_and_a_limit_in_the_stack_are_reported(lib, current
     lib.gpumem_torch_free(p, 4096, 0, None)
 
 
-def test_max_memory_reserved_says_gpumem_has_no_such_peak():
+@pytest.mark.parametrize("make", [
+    lambda: gpumem.PoolResource(gpumem.CudaResource(0), min_chunk_bytes=MiB),
+    lambda: gpumem.VmmPoolResource(0),
+], ids=["pool", "vmm_pool"])
+def test_max_memory_reserved_is_the_pool_s_peak_until_reset(current, make):
+    pool = current(make())
+    assert gtorch.max_memory_reserved(0) == gtorch.memory_reserved(0) == 0
+    big = gpumem.DeviceBuffer(8 * MiB, device=0)
+    peak = gtorch.max_memory_reserved(0)
+    assert peak == gtorch.memory_reserved(0) >= 8 * MiB
+    big.close()
+    pool.release()  # gives the memory back: the peak stays
+    assert gtorch.memory_reserved(0) < peak and gtorch.max_memory_reserved(0) == peak
+    assert gtorch.memory_stats(0)["reserved_bytes.all.peak"] == peak
+    gtorch.reset_peak_memory_stats(0)
+    assert gtorch.max_memory_reserved(0) == gtorch.memory_reserved(0)
+
+
+def test_max_memory_reserved_is_unsupported_where_the_base_keeps_no_peak(current):
+    current(gpumem.CudaResource(0))
     with pytest.raises(gpumem.UnsupportedError, match="max_memory_allocated") as e:
         gtorch.max_memory_reserved(0)
     assert isinstance(e.value, NotImplementedError)
+    gtorch.reset_peak_memory_stats(0)  # nothing to reset there, and no error
 
 
 def test_devices_as_torch_names_them(fake_torch):
@@ -340,11 +363,11 @@ def test_translate_finds_an_out_of_memory_of_another_thread(lib, current, fake_t
     assert caught.value.gpumem_error is None
 
 
-# ---- docs/python.md, "PyTorch" ------------------------------------------------------
+# ---- docs/python-frameworks.md, "PyTorch" -------------------------------------------
 
 
 def pytorch_blocks():
-    text = open(os.path.join(ROOT, "docs", "python.md"), encoding="utf-8").read()
+    text = open(os.path.join(ROOT, "docs", "python-frameworks.md"), encoding="utf-8").read()
     start = text.index("\n## PyTorch\n")
     end = text.find("\n## ", start + 1)
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)

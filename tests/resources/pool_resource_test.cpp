@@ -96,6 +96,25 @@ TEST_F(Pool, GrowsByDoublingAndReleasesFreeChunks) {
   pool.deallocate(p, MiB, s);
 }
 
+TEST_F(Pool, PeakReservedOutlivesAReleaseUntilReset) {
+  pool_resource pool(upstream);
+  EXPECT_EQ(pool.statistics().peak_reserved_bytes, 0U);
+  std::vector<void*> held;
+  for (int i = 0; i < 8; ++i) held.push_back(pool.allocate(2 * MiB, s));
+  const std::size_t grown = pool.statistics().reserved_bytes;
+  EXPECT_EQ(pool.statistics().peak_reserved_bytes, grown);
+  for (void* p : held) pool.deallocate(p, 2 * MiB, s);
+  s.synchronize();
+  pool.release();
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0U);
+  EXPECT_EQ(pool.statistics().peak_reserved_bytes, grown) << "the peak stays after the memory went back";
+  pool.reset_peak();
+  EXPECT_EQ(pool.statistics().peak_reserved_bytes, 0U) << "reset: the peak is what is held now";
+  void* p = pool.allocate(MiB, s);
+  EXPECT_EQ(pool.statistics().peak_reserved_bytes, pool.statistics().reserved_bytes);
+  pool.deallocate(p, MiB, s);
+}
+
 TEST_F(Pool, ReleaseKeepsChunksThatStillHoldAllocations) {
   pool_options o;
   o.min_chunk_bytes = o.max_chunk_bytes = 2 * MiB;

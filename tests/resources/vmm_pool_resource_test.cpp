@@ -265,6 +265,12 @@ TEST_F(VmmPool, TrimGivesBackCompletedFreePages) {
   EXPECT_EQ(pool.release(), 32 * MiB);
   EXPECT_EQ(device_memory_info(0).free_bytes, before);
   EXPECT_EQ(pool.statistics().mapped_bytes, 0U);
+  EXPECT_EQ(pool.statistics().peak_mapped_bytes, 32 * MiB) << "the peak stays after the pages went back";
+  pool.reset_peak();
+  EXPECT_EQ(pool.statistics().peak_mapped_bytes, 0U) << "reset: the peak is what is held now";
+  void* p = pool.allocate(4 * MiB, s);
+  EXPECT_EQ(pool.statistics().peak_mapped_bytes, pool.statistics().mapped_bytes);
+  pool.deallocate(p, 4 * MiB, s);
 }
 
 TEST_F(VmmPool, ReleaseThresholdKeepsAtMostThatMuchFreeAfterAGrowth) {
