@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Numba allocating through gpumem: after ``use_gpumem_for_numba()``, every device
-array Numba makes comes from gpumem's default resource (docs/python.md, "Numba").
+array Numba makes comes from gpumem's default resource (docs/python-frameworks.md, "Numba").
 A kernel computes y = 2 x + 1 on arrays from the pool, and the pool says what it
 holds. It needs a GPU and numba-cuda; elsewhere it says so and exits 0."""
 

@@ -7,7 +7,7 @@ Every CuPy device allocation then comes from the current gpumem resource of CuPy
 current device, allocated on CuPy's current stream and freed on that stream when
 CuPy lets go of the memory (the stream object is kept alive until then). A size of
 0 gives CuPy's own empty allocation (pointer 0), as CuPy's memory pool does.
-Pinned host memory stays with CuPy. See docs/python.md, "CuPy".
+Pinned host memory stays with CuPy. See docs/python-frameworks.md, "CuPy".
 
 Two routes, chosen at import (``route``):
 

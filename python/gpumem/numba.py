@@ -18,7 +18,7 @@ when they use gpumem too. Pinned, mapped and managed host memory come from gpume
 The plugin class is built per runtime, from the runtime that asks for it, and importing
 this module imports neither (Note [One plugin module, two runtimes] in _numba_runtime.py).
 
-Behaviour (docs/python.md, "Numba"):
+Behaviour (docs/python-frameworks.md, "Numba"):
 
 - ``memalloc(size)`` allocates on the runtime's default stream (the legacy default stream,
   or the per-thread one under ``NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM=1``) and returns
