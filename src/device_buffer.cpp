@@ -52,6 +52,21 @@ void device_buffer::init(std::size_t bytes, stream_view stream, std::shared_ptr<
   resource_ = std::move(mr);
 }
 
+device_buffer device_buffer::try_allocate_now(std::size_t bytes, stream_view stream,
+                                              std::shared_ptr<memory_resource> mr) {
+  device_buffer b;
+  if (mr == nullptr || bytes == 0) return b;
+  void* p = mr->try_allocate_now(bytes, stream);
+  if (p == nullptr) return b;
+  b.data_ = p;
+  b.size_ = bytes;
+  b.capacity_ = bytes;
+  b.device_ = mr->properties().device;
+  b.stream_ = stream;
+  b.resource_ = std::move(mr);
+  return b;
+}
+
 device_buffer::~device_buffer() {
   try {
     release();
@@ -95,6 +110,18 @@ void device_buffer::release() {
   }
   size_ = 0;
   capacity_ = 0;
+}
+
+bool device_buffer::try_release_now() {
+  if (data_ == nullptr) {
+    release();
+    return true;
+  }
+  if (!resource_->try_deallocate_now(data_, capacity_, stream_)) return false;
+  data_ = nullptr;
+  size_ = 0;
+  capacity_ = 0;
+  return true;
 }
 
 void device_buffer::reallocate(std::size_t new_capacity, stream_view stream) {

@@ -55,6 +55,24 @@ void memory_resource::deallocate(void* ptr, std::size_t bytes, stream_view strea
   do_deallocate(ptr, bytes, stream, alignment);
 }
 
+void* memory_resource::try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  // A request allocate() would refuse is not served here: allocate() raises its error.
+  if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 || bytes > largest_possible_bytes ||
+      alignment > largest_possible_bytes) {
+    return nullptr;
+  }
+  return do_try_allocate_now(bytes, stream, alignment);
+}
+
+bool memory_resource::try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream, std::size_t alignment) {
+  if (ptr == nullptr || bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) return false;
+  return do_try_deallocate_now(ptr, bytes, stream, alignment);
+}
+
+void* memory_resource::do_try_allocate_now(std::size_t, stream_view, std::size_t) { return nullptr; }
+
+bool memory_resource::do_try_deallocate_now(void*, std::size_t, stream_view, std::size_t) { return false; }
+
 void* memory_resource::allocate_sync(std::size_t bytes, std::size_t alignment) {
   // Allocate in order on the legacy default stream of the resource's device and
   // wait, so the memory is usable from any stream on return.

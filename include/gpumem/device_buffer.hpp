@@ -40,6 +40,11 @@ class GPUMEM_EXPORT device_buffer {
   // A deep copy of `other`'s bytes, made on `stream`, from `mr` (null: other's resource).
   device_buffer(const device_buffer& other, stream_view stream, std::shared_ptr<memory_resource> mr = nullptr);
 
+  // `bytes` from `mr` when the resource can serve them without waiting
+  // (memory_resource::try_allocate_now), else an empty buffer and nothing
+  // changed: callers holding a lock of their own (Python's GIL) try this first.
+  static device_buffer try_allocate_now(std::size_t bytes, stream_view stream, std::shared_ptr<memory_resource> mr);
+
   // Frees the memory on the buffer's stream; never throws (failures are logged).
   ~device_buffer();
   device_buffer(device_buffer&& other) noexcept;
@@ -71,6 +76,9 @@ class GPUMEM_EXPORT device_buffer {
   void shrink_to_fit(stream_view stream);
   // Frees the memory on the buffer's stream now; the buffer becomes empty and keeps its resource.
   void release();
+  // release() when the resource can free without waiting (memory_resource::
+  // try_deallocate_now): true, and the buffer is empty; false: nothing changed.
+  bool try_release_now();
 
   // Copies `bytes` from `source` into the buffer at `offset`, queued on `stream`.
   void copy_from(const void* source, std::size_t bytes, stream_view stream, std::size_t offset = 0);

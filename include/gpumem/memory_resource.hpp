@@ -44,6 +44,20 @@ class GPUMEM_EXPORT memory_resource {
   void deallocate(void* ptr, std::size_t bytes, stream_view stream,
                   std::size_t alignment = default_alignment);
 
+  // Without waiting (Note [Allocating without waiting] in src/pool/stream_ordered_pool.hpp):
+  // the allocation when the resource can make it at once, taking no lock that
+  // anything holds across a device wait, and null otherwise (nothing changed;
+  // allocate() is then the way, and says what was wrong with the request). For
+  // callers that hold a lock of their own which a waiting allocation must not be
+  // made under, such as Python's GIL: they try this first and release their lock
+  // only when it returns null. Only the pools answer; every other resource and
+  // every adaptor (which must see each call) returns null.
+  void* try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment = default_alignment);
+  // The same for a free: true when done, false when nothing changed and
+  // deallocate() is the way (which also reports a foreign pointer or a wrong size).
+  bool try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream,
+                          std::size_t alignment = default_alignment);
+
   // Synchronous variants: memory usable by any stream on return; deallocate_sync
   // returns memory whose use the caller has already completed.
   void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment);
@@ -88,6 +102,10 @@ class GPUMEM_EXPORT memory_resource {
   virtual void do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                              std::size_t alignment) = 0;
   virtual bool do_is_equal(const memory_resource& other) const noexcept { return this == &other; }
+  // try_allocate_now / try_deallocate_now with their preconditions checked as
+  // allocate's are; the defaults never serve.
+  virtual void* do_try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment);
+  virtual bool do_try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream, std::size_t alignment);
 };
 
 }  // namespace gpumem

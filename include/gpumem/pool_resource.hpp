@@ -107,6 +107,8 @@ class GPUMEM_EXPORT pool_resource final : public memory_resource {
   void* do_allocate(std::size_t bytes, stream_view stream, std::size_t alignment) override;
   void do_deallocate(void* ptr, std::size_t bytes, stream_view stream,
                      std::size_t alignment) override;
+  void* do_try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) override;
+  bool do_try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream, std::size_t alignment) override;
 
   friend struct detail::pool_inspector;
   struct impl;

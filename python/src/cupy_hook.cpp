@@ -195,10 +195,14 @@ void* allocate(c_allocator& a, std::size_t size, int device) {
   c_allocator::entry e{size, reinterpret_cast<CUstream>(raw), device, nullptr, owner};
   void* p = nullptr;
   try {
-    release_gil_if_held nogil;
     adopt_context_once(device);
     e.resource = get_current_resource(device);
-    p = e.resource->allocate(size, e.stream);
+    // The GIL is kept when the pool serves at once (Note [Allocating without waiting]).
+    p = e.resource->try_allocate_now(size, e.stream);
+    if (p == nullptr) {
+      release_gil_if_held nogil;
+      p = e.resource->allocate(size, e.stream);
+    }
     try {
       std::lock_guard lock(a.mutex);
       a.live.emplace(p, e);
@@ -265,30 +269,38 @@ void cupy_free(void* param, void* ptr, int device) noexcept {
   if (ptr == nullptr) return;  // CuPy's empty allocation; CuPy does not free it, a C caller may
   auto& a = *static_cast<c_allocator*>(param);
   c_allocator::entry e;
+  bool found = false;
   {
+    std::lock_guard lock(a.mutex);  // held for the lookup only, never across a wait
+    auto it = a.live.find(ptr);
+    if (it != a.live.end()) {
+      e = std::move(it->second);
+      a.live.erase(it);
+      found = true;
+    }
+  }
+  if (!found) {
+    report_foreign_free(ptr, device);
+    return;
+  }
+  // The GIL is kept when the pool frees at once (Note [Allocating without waiting]);
+  // released for a free that may wait, and for the last reference to a resource,
+  // whose destruction may.
+  bool freed = false;
+  try {
+    freed = e.resource->try_deallocate_now(ptr, e.bytes, e.stream);
+  } catch (...) {  // only std::bad_alloc could come: the ordinary free reports what happens
+  }
+  if (!freed || e.resource.use_count() == 1) {
     release_gil_if_held nogil;
-    bool found = false;
-    {
-      std::lock_guard lock(a.mutex);
-      auto it = a.live.find(ptr);
-      if (it != a.live.end()) {
-        e = std::move(it->second);
-        a.live.erase(it);
-        found = true;
-      }
-    }
-    if (!found) {
-      report_foreign_free(ptr, device);
-      return;
-    }
     try {
-      e.resource->deallocate(ptr, e.bytes, e.stream);
+      if (!freed) e.resource->deallocate(ptr, e.bytes, e.stream);
     } catch (const std::exception& ex) {
       report_failed_free(ptr, e.bytes, device, ex.what());
     } catch (...) {
       report_failed_free(ptr, e.bytes, device, "an unknown error");
     }
-    e.resource.reset();  // may be the last reference to a pool: let it go without the GIL
+    e.resource.reset();
   }
   drop_reference(e.stream_owner);
 }
@@ -379,8 +391,11 @@ class cupy_hook {
     std::shared_ptr<memory_resource> r = get_current_resource(device);
     void* p = nullptr;
     try {
-      nb::gil_scoped_release release;  // a pool that must grow may wait for the device
-      p = r->allocate(size, stream);
+      p = r->try_allocate_now(size, stream);  // Note [Allocating without waiting]
+      if (p == nullptr) {
+        nb::gil_scoped_release release;  // a pool that must grow may wait for the device
+        p = r->allocate(size, stream);
+      }
     } catch (const out_of_memory&) {
       this_thread_out_of_memory = std::current_exception();
       std::lock_guard lock(mutex_);
@@ -413,7 +428,12 @@ class cupy_hook {
       live_.erase(it);
     }
     try {
-      e.resource->deallocate(p, e.size, e.stream);
+      // CuPy calls free with the GIL held: kept when the pool frees at once
+      // (Note [Allocating without waiting]), released when it may wait.
+      if (!e.resource->try_deallocate_now(p, e.size, e.stream)) {
+        nb::gil_scoped_release release;
+        e.resource->deallocate(p, e.size, e.stream);
+      }
     } catch (const std::exception& ex) {
       report_failed_free(p, e.size, device, ex.what());
     }

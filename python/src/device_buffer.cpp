@@ -63,7 +63,7 @@ struct device_buffer {
   void close() {
     closed = true;
     gpumem::device_buffer gone = std::move(mem);
-    if (gone.data() == nullptr) return;
+    if (gone.data() == nullptr || gone.try_release_now()) return;  // Note [Allocating without waiting]
     nb::gil_scoped_release release;
     gone.release();  // what the resource says about the free, it says here
   }
@@ -107,8 +107,13 @@ void construct(device_buffer* self, nb::handle size_arg, nb::handle stream, std:
   }
   gpumem::device_buffer mem;  // zero bytes: nothing allocated, no resource held
   if (size != 0) {
-    nb::gil_scoped_release release;
-    mem = gpumem::device_buffer(size, stream_view(s.handle), std::move(resource));
+    // The GIL is kept when the pool serves at once (Note [Allocating without
+    // waiting] in src/pool/stream_ordered_pool.hpp), released when it may wait.
+    mem = gpumem::device_buffer::try_allocate_now(size, stream_view(s.handle), resource);
+    if (mem.data() == nullptr) {
+      nb::gil_scoped_release release;
+      mem = gpumem::device_buffer(size, stream_view(s.handle), std::move(resource));
+    }
   }
   device_buffer* b = new (self) device_buffer();
   b->mem = std::move(mem);

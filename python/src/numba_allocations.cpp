@@ -53,6 +53,8 @@ struct group_state {
 // Frees `buffers` with the GIL released; a failure is reported, never raised (a free
 // runs from destructors).
 void free_all_of(std::vector<gpumem::device_buffer>& buffers) {
+  // Those the pool frees at once keep the GIL (Note [Allocating without waiting]).
+  std::erase_if(buffers, [](gpumem::device_buffer& b) { return b.try_release_now(); });
   if (buffers.empty()) return;
   nb::gil_scoped_release release;
   for (auto& b : buffers) {
@@ -123,10 +125,12 @@ class numba_allocations {
   numba_allocation* allocate(std::size_t size) {
     if (state_->device < 0) throw logic_error("gpumem.numba: the plugin allocated before it knew its device");
     if (size == 0) throw logic_error("gpumem.numba: 0 bytes (memalloc gives an empty pointer for those)");
-    gpumem::device_buffer mem;
-    {
+    std::shared_ptr<memory_resource> r = get_current_resource(state_->device);
+    // The GIL is kept when the pool serves at once (Note [Allocating without waiting]).
+    gpumem::device_buffer mem = gpumem::device_buffer::try_allocate_now(size, stream_view(state_->stream), r);
+    if (mem.data() == nullptr) {
       nb::gil_scoped_release release;  // a pool that must grow may wait for the device
-      mem = gpumem::device_buffer(size, stream_view(state_->stream), get_current_resource(state_->device));
+      mem = gpumem::device_buffer(size, stream_view(state_->stream), std::move(r));
     }
     auto a = std::make_unique<numba_allocation>(state_, std::move(mem));
     std::lock_guard lock(state_->mutex);

@@ -29,6 +29,12 @@ class free_slots {
     return b;
   }
 
+  // What pop(size) would return, left in place.
+  block* peek(std::size_t size) noexcept {
+    list* l = find(size);
+    return l == nullptr ? nullptr : l->head;
+  }
+
   void push(block* b) {
     list& l = find_or_make(b->size);
     b->next_free = l.head;

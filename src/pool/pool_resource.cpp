@@ -115,6 +115,14 @@ void pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
   impl_->pool.deallocate(ptr, bytes, stream);
 }
 
+void* pool_resource::do_try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  return impl_->pool.try_allocate_now(bytes, stream, alignment);
+}
+
+bool pool_resource::do_try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream, std::size_t /*alignment*/) {
+  return impl_->pool.try_deallocate_now(ptr, bytes, stream);
+}
+
 std::size_t pool_resource::release() {
   std::lock_guard growing(impl_->pool.growth_mutex);
   impl_->pool.synchronize_and_fence_everything();

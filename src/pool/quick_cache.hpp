@@ -34,6 +34,14 @@ class quick_cache {
     return b;
   }
 
+  // What pop(size, alignment) would return, left in place.
+  block* peek(std::size_t size, std::size_t alignment) const noexcept {
+    const slot& e = slots_[index_of(size)];
+    block* b = e.head;
+    if (e.size != size || b == nullptr || (b->address & (alignment - 1)) != 0) return nullptr;
+    return b;
+  }
+
   // Keeps `b` if its size's slot holds that size with room, or is empty; else false.
   bool push(block* b) noexcept {
     slot& e = slot_of(b->size);
@@ -79,9 +87,10 @@ class quick_cache {
     unsigned count = 0;
     block* head = nullptr;  // linked through block::next_free
   };
-  slot& slot_of(std::size_t size) noexcept {
-    return slots_[((size >> 8) * 0x9E3779B97F4A7C15ULL) >> (64 - slot_bits)];
+  static std::size_t index_of(std::size_t size) noexcept {
+    return ((size >> 8) * 0x9E3779B97F4A7C15ULL) >> (64 - slot_bits);
   }
+  slot& slot_of(std::size_t size) noexcept { return slots_[index_of(size)]; }
   void put(slot& e, block* b) noexcept {
     b->next_free = e.head;
     e.head = b;

@@ -119,6 +119,10 @@ class stream_ordered_pool {
   // ---- the hot path ----
   void* allocate(std::size_t bytes, stream_view stream, std::size_t alignment);
   void deallocate(void* ptr, std::size_t bytes, stream_view stream);
+  // Note [Allocating without waiting]: the hot path's own cases, or null / false
+  // before any state changed.
+  void* try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment);
+  bool try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream);
 
   // ---- arenas ----
   // `call` names the caller in the error for a new stream under capture.
@@ -136,7 +140,14 @@ class stream_ordered_pool {
   void add_busy(const block* b, int delta) noexcept;
   bool pages_ready(const block* b) const noexcept;
   void free_into(arena& a, block* b, std::uint64_t epoch);
+  // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`.
+  void take_cached(arena& a, block* b, std::size_t bytes) noexcept;
+  // Frees `b`, a live block of `a` at `address`, into the caches or the index
+  // (not counted toward fences: note_free does that).
+  void free_live(arena& a, block* b, std::uintptr_t address);
   void note_free(arena& a, std::size_t bytes);
+  // Whether note_free(a, bytes) would record a fence (a driver call) now.
+  bool fence_due_on_free(const arena& a, std::size_t bytes) const noexcept;
   void record_fence(arena& a);
   void request_fences();  // every arena fences at its next free or slow path
   void flush_quick(arena& a);
@@ -258,13 +269,9 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   {
     std::lock_guard lock(a.lock);
     if (block* b = a.quick.pop(size, alignment)) [[likely]] {
-      b->cached = false;
-      b->requested_bytes = bytes;
-      a.used_bytes += b->size;
-      if (page_shift == 0) [[likely]] return reinterpret_cast<void*>(b->address);
+      take_cached(a, b, bytes);
       // Paged pools: a cached block counts as free for its pages, which may have moved.
-      add_busy(b, 1);
-      if (pages_ready(b)) return reinterpret_cast<void*>(b->address);
+      if (page_shift == 0 || pages_ready(b)) [[likely]] return reinterpret_cast<void*>(b->address);
       unready = b;
     } else if (block* f = a.free.find(need)) [[likely]] {
       block* out = carve(a, f, size, bytes, alignment);
@@ -276,6 +283,13 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
     if (void* p = finish_unready(a, unready, false)) return p;
   }
   return allocate_slow(a, {.size = size, .requested = bytes, .alignment = alignment, .need = need});
+}
+
+inline void stream_ordered_pool::take_cached(arena& a, block* b, std::size_t bytes) noexcept {
+  b->cached = false;
+  b->requested_bytes = bytes;
+  a.used_bytes += b->size;
+  if (page_shift != 0) add_busy(b, 1);
 }
 
 inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
@@ -323,24 +337,108 @@ inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream
         throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) + " has " +
                           std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
       }
-      a.used_bytes -= b->size;
       const std::size_t size = b->size;
-      b->free_epoch = ++a.frees;
-      if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
-      if (b->slot) [[unlikely]] {
-        b->cached = true;  // stays in `live`, as a quick-cached block does
-        a.slots.push(b);
-      } else if (settings.quick_cache && a.quick.push(b)) {
-        b->cached = true;  // stays in `live` so the next allocation of its size skips the map
-      } else {
-        a.live.erase(address);
-        free_into(a, b, b->free_epoch);
-      }
+      free_live(a, b, address);
       note_free(a, size);
       return;
     }
   }
   deallocate_foreign(a, ptr, bytes);
+}
+
+inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t address) {
+  a.used_bytes -= b->size;
+  b->free_epoch = ++a.frees;
+  if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
+  if (b->slot) [[unlikely]] {
+    b->cached = true;  // stays in `live`, as a quick-cached block does
+    a.slots.push(b);
+  } else if (settings.quick_cache && a.quick.push(b)) {
+    b->cached = true;  // stays in `live` so the next allocation of its size skips the map
+  } else {
+    a.live.erase(address);
+    free_into(a, b, b->free_epoch);
+  }
+}
+
+inline bool stream_ordered_pool::fence_due_on_free(const arena& a, std::size_t bytes) const noexcept {
+  if (a.fence_requested.load(std::memory_order_relaxed)) return true;
+  return periodic_fences && several_streams.load(std::memory_order_relaxed) &&
+         (a.unfenced_count + 1 >= settings.fence_interval || a.unfenced_bytes + bytes >= settings.fence_bytes);
+}
+
+// Note [Allocating without waiting]
+// try_allocate_now and try_deallocate_now serve callers that hold a lock of
+// their own under which the pool must not wait: Python's GIL (DeviceBuffer,
+// python/src/device_buffer.cpp), whose release and retake cost about as much as
+// the pool's whole hot path. Waiting there would stall every Python thread, and
+// could deadlock when the thread the pool waits for needs the GIL. So these do
+// the hot path's own cases and nothing that may wait:
+//  - the arena is the one the thread's cache holds (no arenas_mutex, which a
+//    thread creating an arena holds across driver calls);
+//  - the arena's lock is only tried: the slot and growth paths hold it across
+//    driver calls and host waits for fences (page_slots.cpp);
+//  - an allocation comes from the quick cache, the free index's good fit or the
+//    slot cache only where every page under it is ready; a free is of the
+//    arena's own live block and records no fence (cuEventRecord);
+//  - the only driver call is the capture check, a query that takes no lock of
+//    the pool's, as CuPy's pool makes under the GIL.
+// Anything else returns null or false before any state changes, and the caller
+// takes the ordinary path, which may wait, with its lock released, and which
+// raises every error (a wrong size, a foreign pointer, a capturing stream).
+inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  const pool_tls::arena_cache& cache = pool_tls::last_arena;
+  if (cache.pool_id != id || cache.key != key_of(stream.handle())) return nullptr;
+  arena& a = *cache.found;
+  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) return nullptr;
+  std::unique_lock lock(a.lock, std::try_to_lock);
+  if (!lock.owns_lock()) return nullptr;
+  if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
+    const std::size_t page = settings.page_bytes;
+    block* s = a.slots.peek((bytes + page - 1) / page * page);
+    if (s == nullptr || !pages_ready(s)) return nullptr;
+    a.slots.pop(s->size);
+    take_cached(a, s, bytes);
+    return reinterpret_cast<void*>(s->address);
+  }
+  const std::size_t size = (bytes + granule - 1) & ~(granule - 1);
+  if (block* b = a.quick.peek(size, alignment)) {
+    if (page_shift != 0 && !pages_ready(b)) return nullptr;
+    a.quick.pop(size, alignment);
+    take_cached(a, b, bytes);
+    return reinterpret_cast<void*>(b->address);
+  }
+  const std::size_t need = alignment > granule ? size + alignment - granule : size;
+  block* f = a.free.find(need);
+  if (f == nullptr) return nullptr;
+  if (page_shift != 0) {
+    // The pages under what carve would hand out (the front of f, aligned; all
+    // of f's rest when under a granule would be left).
+    const std::uintptr_t start = (f->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
+    const std::size_t left = f->size - (start - f->address);
+    const std::size_t out = left - size >= granule ? size : left;
+    const chunk& c = *f->owner;
+    if (!c.all_ready((start - c.base) >> page_shift, (start + out - 1 - c.base) >> page_shift)) return nullptr;
+  }
+  return reinterpret_cast<void*>(carve(a, f, size, bytes, alignment)->address);
+}
+
+inline bool stream_ordered_pool::try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream) {
+  const pool_tls::arena_cache& cache = pool_tls::last_arena;
+  if (cache.pool_id != id || cache.key != key_of(stream.handle())) return false;
+  arena& a = *cache.found;
+  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) return false;
+  std::unique_lock lock(a.lock, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  block* b = a.live.find(address);
+  if (b == nullptr || b->cached || b->requested_bytes != bytes || fence_due_on_free(a, b->size)) return false;
+  const std::size_t size = b->size;
+  free_live(a, b, address);
+  // Counts the free toward periodic fences. None was due above; one another
+  // stream asks for meanwhile is recorded here, as deallocate would: a record never waits.
+  note_free(a, size);
+  return true;
 }
 
 }  // namespace gpumem::detail

@@ -132,6 +132,14 @@ void vmm_pool_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view 
   impl_->pool.deallocate(ptr, bytes, stream);
 }
 
+void* vmm_pool_resource::do_try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  return impl_->pool.try_allocate_now(bytes, stream, alignment);
+}
+
+bool vmm_pool_resource::do_try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream, std::size_t /*alignment*/) {
+  return impl_->pool.try_deallocate_now(ptr, bytes, stream);
+}
+
 std::size_t vmm_pool_resource::trim() {
   std::size_t released = 0;
   {

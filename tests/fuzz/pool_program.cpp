@@ -45,9 +45,10 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
       if (op <= 3) {  // allocate
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 6));
         const std::size_t alignment = std::size_t{256} << (in.byte() % 3 == 0 ? in.byte() % 8 : 0);
-        void* p = nullptr;
+        // Half the time without waiting first (Note [Allocating without waiting]).
+        void* p = (in.byte() & 1U) ? pool.try_allocate_now(bytes, s, alignment) : nullptr;
         try {
-          p = pool.allocate(bytes, s, alignment);
+          if (p == nullptr) p = pool.allocate(bytes, s, alignment);
         } catch (const out_of_memory&) {
           if (!check("a failed allocation")) return why.str();
           continue;
@@ -57,7 +58,9 @@ std::string run_pool_program(const std::uint8_t* data, std::size_t size) {
       } else if (op <= 5 && !order.empty()) {  // free, on any stream
         const std::size_t k = in.u16() % order.size();
         const program_allocation al = live.at(order[k]);
-        pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+        if (!(in.byte() & 1U) || !pool.try_deallocate_now(al.ptr, al.bytes, s, al.alignment)) {
+          pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+        }
         live.erase(order[k]);
         order[k] = order.back();
         order.pop_back();

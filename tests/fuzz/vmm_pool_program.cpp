@@ -66,16 +66,15 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
       return {};
     };
     for (int step = 0; !in.empty() && step < 300; ++step) {
-      if (getenv("DBG_INSPECT")) { if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return "before step " + std::to_string(step) + ": " + v; }
       const std::uint8_t op = in.byte() % 8;
-      if (getenv("DBG_INSPECT")) fprintf(stderr, "step %d op %d\n", step, op);
       stream& s = program_streams()[in.byte() % 3];
       if (op <= 3) {  // allocate: from a few bytes to 1 GiB, mostly small
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 15));
         const std::size_t alignment = std::size_t{256} << (in.byte() % 4 == 0 ? in.byte() % 6 : 0);
-        void* p = nullptr;
+        // Half the time without waiting first (Note [Allocating without waiting]).
+        void* p = (in.byte() & 1U) ? pool.try_allocate_now(bytes, s, alignment) : nullptr;
         try {
-          p = pool.allocate(bytes, s, alignment);
+          if (p == nullptr) p = pool.allocate(bytes, s, alignment);
         } catch (const out_of_memory& e) {
           // Frugal by default: a failure is allowed only where the pages the live
           // allocations can pin (each rounded out to whole pages, plus one page it may
@@ -102,13 +101,18 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
         const program_allocation al = live.at(order[k]);
         if (in.byte() % 8 == 0) {
           const std::size_t wrong = al.bytes > 4 * MiB ? al.bytes / 2 + 1 : al.bytes + 64 * MiB;
+          if (pool.try_deallocate_now(al.ptr, wrong, s, al.alignment)) {
+            return "a free with the wrong size was taken without waiting";
+          }
           try {
             pool.deallocate(al.ptr, wrong, s, al.alignment);
             return "a free with the wrong size was accepted";
           } catch (const logic_error&) {
           }
         }
-        pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+        if (!(in.byte() & 1U) || !pool.try_deallocate_now(al.ptr, al.bytes, s, al.alignment)) {
+          pool.deallocate(al.ptr, al.bytes, s, al.alignment);
+        }
         live.erase(order[k]);
         order[k] = order.back();
         order.pop_back();
