@@ -2,6 +2,8 @@
 #include "gpumem/current_resource.hpp"
 
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -23,7 +25,21 @@ constexpr int max_devices = 64;
 struct registry {
   std::mutex mutex;
   std::array<std::shared_ptr<memory_resource>, max_devices> current;
+  // Raised by every set_current_resource (under the mutex): a thread's cached
+  // answer (below) of an older generation is stale.
+  std::atomic<std::uint64_t> generation{1};
 };
+
+// The last answer of get_current_resource on this thread. Most callers ask for
+// the same device's resource at every allocation (DeviceBuffer, the framework
+// hooks), and the registry's mutex costs as much as the pool's hot path. A weak
+// reference: a thread that stops asking keeps no replaced resource alive.
+struct cached_answer {
+  std::uint64_t generation = 0;
+  int device = -1;
+  std::weak_ptr<memory_resource> resource;
+};
+thread_local cached_answer last_answer;
 
 // Leaked on purpose: resources may be released by other static destructors
 // (Python's interpreter teardown, say) after this would have been destroyed.
@@ -57,8 +73,15 @@ std::shared_ptr<memory_resource> make_default_resource(int device) {
 std::shared_ptr<memory_resource> get_current_resource(int device) {
   const int d = resolve(device, "gpumem::get_current_resource");
   registry& r = the_registry();
+  cached_answer& last = last_answer;
+  if (last.device == d && last.generation == r.generation.load(std::memory_order_acquire)) {
+    // A set_current_resource racing with this call may or may not be seen, as
+    // with the mutex; a resource it replaced is returned only while still alive.
+    if (std::shared_ptr<memory_resource> known = last.resource.lock()) return known;
+  }
   std::lock_guard lock(r.mutex);
   if (!r.current[d]) r.current[d] = make_default(d);
+  last = {r.generation.load(std::memory_order_relaxed), d, r.current[d]};
   return r.current[d];
 }
 
@@ -74,6 +97,7 @@ std::shared_ptr<memory_resource> set_current_resource(int device,
   std::lock_guard lock(r.mutex);
   std::shared_ptr<memory_resource> previous = std::move(r.current[d]);
   r.current[d] = std::move(resource);  // null: the default is made again on next use
+  r.generation.fetch_add(1, std::memory_order_release);
   return previous;
 }
 

@@ -53,7 +53,7 @@ void device_buffer::init(std::size_t bytes, stream_view stream, std::shared_ptr<
 }
 
 device_buffer device_buffer::try_allocate_now(std::size_t bytes, stream_view stream,
-                                              std::shared_ptr<memory_resource> mr) {
+                                              const std::shared_ptr<memory_resource>& mr) {
   device_buffer b;
   if (mr == nullptr || bytes == 0) return b;
   void* p = mr->try_allocate_now(bytes, stream);
@@ -63,7 +63,7 @@ device_buffer device_buffer::try_allocate_now(std::size_t bytes, stream_view str
   b.capacity_ = bytes;
   b.device_ = mr->properties().device;
   b.stream_ = stream;
-  b.resource_ = std::move(mr);
+  b.resource_ = mr;  // the one copy, made only when served
   return b;
 }
 

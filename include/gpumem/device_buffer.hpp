@@ -43,7 +43,8 @@ class GPUMEM_EXPORT device_buffer {
   // `bytes` from `mr` when the resource can serve them without waiting
   // (memory_resource::try_allocate_now), else an empty buffer and nothing
   // changed: callers holding a lock of their own (Python's GIL) try this first.
-  static device_buffer try_allocate_now(std::size_t bytes, stream_view stream, std::shared_ptr<memory_resource> mr);
+  static device_buffer try_allocate_now(std::size_t bytes, stream_view stream,
+                                        const std::shared_ptr<memory_resource>& mr);
 
   // Frees the memory on the buffer's stream; never throws (failures are logged).
   ~device_buffer();

@@ -51,6 +51,23 @@ TEST(CurrentResource, PerDeviceAndChecked) {
   EXPECT_NE(get_current_resource(1), get_current_resource(0));
 }
 
+// Each thread remembers its last answer; a set on any thread makes it stale, and
+// a remembered resource that was replaced is not kept alive by the memory.
+TEST(CurrentResource, ASetOnAnotherThreadIsSeenAtTheNextGet) {
+  auto first = std::make_shared<cuda_resource>(0);
+  auto second = std::make_shared<cuda_resource>(0);
+  set_current_resource(0, first);
+  EXPECT_EQ(get_current_resource(0), first);  // remembered here
+  std::thread([&] { set_current_resource(0, second); }).join();
+  EXPECT_EQ(get_current_resource(0), second);
+  std::weak_ptr<memory_resource> gone = second;
+  std::thread([&] { set_current_resource(0, first); }).join();
+  second.reset();
+  EXPECT_TRUE(gone.expired());
+  EXPECT_EQ(get_current_resource(0), first);
+  set_current_resource(0, nullptr);
+}
+
 TEST(CurrentResource, ConcurrentGetAndSet) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
