@@ -17,6 +17,7 @@ int current_device() {
   CUcontext ctx = nullptr;
   GPUMEM_CU(cuCtxGetCurrent, &ctx);
   if (ctx == nullptr) return 0;
+  if (const int d = detail::device_of_primary_context(ctx); d >= 0) return d;  // the usual case, one call
   CUdevice dev{};
   GPUMEM_CU(cuCtxGetDevice, &dev);
   return static_cast<int>(dev);
@@ -31,6 +32,7 @@ std::optional<int> current_context_device() {
   CUcontext ctx = nullptr;
   GPUMEM_CU(cuCtxGetCurrent, &ctx);
   if (ctx == nullptr) return std::nullopt;
+  if (const int d = detail::device_of_primary_context(ctx); d >= 0) return d;
   CUdevice dev{};
   GPUMEM_CU(cuCtxGetDevice, &dev);
   return static_cast<int>(dev);

@@ -13,6 +13,7 @@ namespace {
 constexpr int max_devices = 64;
 std::array<std::atomic<CUcontext>, max_devices> primary_contexts{};
 std::mutex retain_mutex;
+std::atomic<int> primary_contexts_known{0};  // one past the highest device retained so far
 
 int cached_device_count() {
   static const int count = [] {
@@ -47,7 +48,20 @@ CUcontext primary_context(int device) {
   // Retained for the life of the process, as the CUDA runtime does.
   GPUMEM_CU(cuDevicePrimaryCtxRetain, &ctx, dev);
   primary_contexts[device].store(ctx, std::memory_order_release);
+  if (primary_contexts_known.load(std::memory_order_relaxed) <= device) {
+    primary_contexts_known.store(device + 1, std::memory_order_release);  // under retain_mutex
+  }
   return ctx;
+}
+
+int device_of_primary_context(CUcontext ctx) noexcept {
+  // Retained for the life of the process, a primary context's handle names its
+  // device for good: no other live context can have it.
+  const int count = primary_contexts_known.load(std::memory_order_acquire);
+  for (int d = 0; d < count; ++d) {
+    if (primary_contexts[d].load(std::memory_order_acquire) == ctx) return d;
+  }
+  return -1;
 }
 
 device_context_guard::device_context_guard(int device) {

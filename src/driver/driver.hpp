@@ -67,6 +67,9 @@ class GPUMEM_EXPORT device_context_guard {
 GPUMEM_EXPORT CUcontext primary_context(int device);
 // Throws gpumem::logic_error unless 0 <= device < device count.
 GPUMEM_EXPORT void validate_device(int device, const char* where);
+// The device whose primary context gpumem retained is `ctx`, or -1 (another
+// context, or a primary context gpumem has not retained): no driver call.
+GPUMEM_EXPORT int device_of_primary_context(CUcontext ctx) noexcept;
 
 }  // namespace gpumem::detail
 

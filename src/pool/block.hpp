@@ -47,7 +47,7 @@ struct chunk {
   std::vector<std::uint64_t> pages;
   std::vector<std::uint64_t> ready;
   std::vector<std::uint32_t> busy;
-  std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0
+  std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0 (not kept in slot segments)
   bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }

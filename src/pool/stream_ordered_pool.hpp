@@ -261,6 +261,17 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
     throw_capturing(name, "allocate", stream.handle());
   }
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) [[unlikely]] {
+    // The slot cache's hit here, inline as the quick cache's is (W1's large column).
+    const std::size_t slot_size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
+    {
+      std::lock_guard lock(a.lock);
+      block* s = a.slots.peek(slot_size);
+      if (s != nullptr && pages_ready(s)) [[likely]] {
+        a.slots.pop(slot_size);
+        take_cached(a, s, bytes);
+        return reinterpret_cast<void*>(s->address);
+      }
+    }
     return allocate_slot(a, bytes);
   }
   const std::size_t size = (bytes + granule - 1) & ~(granule - 1);
@@ -299,12 +310,10 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   if (b->slot) {
     // A slot's pages are its own (whole pages, never shared: Note [Slots for large
     // requests]), so their counts are 0 or 1 together: filled, not counted one by one.
+    // freed_at is not kept for them: it orders the pages of free and quick-cached
+    // blocks (take_pages), and a slot's segment holds neither.
     std::fill(c.busy.begin() + static_cast<std::ptrdiff_t>(first), c.busy.begin() + static_cast<std::ptrdiff_t>(last + 1),
               delta > 0 ? 1U : 0U);
-    if (delta < 0) {
-      std::fill(c.freed_at.begin() + static_cast<std::ptrdiff_t>(first),
-                c.freed_at.begin() + static_cast<std::ptrdiff_t>(last + 1), c.owner->frees);
-    }
     return;
   }
   if (delta > 0) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 
@@ -30,6 +31,26 @@ TEST(DeviceContext, SetCurrentDeviceIsWhatCurrentContextDeviceReports) {
     set_current_device(0);
     EXPECT_EQ(current_context_device(), std::optional<int>(0));
   }).join();
+}
+
+// current_device names a primary context's device without asking the driver when
+// gpumem retained it, and asks otherwise: the same answer either way.
+TEST(DeviceContext, CurrentDeviceOfEveryPrimaryContext) {
+  for (int d = 0; d < device_count(); ++d) {
+    std::thread([d] {
+      CUdevice dev{};
+      ASSERT_EQ(detail::driver().cuDeviceGet(&dev, d), CUDA_SUCCESS);
+      CUcontext ctx = nullptr;
+      // Retained for the process, as gpumem retains them (the table has no release).
+      ASSERT_EQ(detail::driver().cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+      ASSERT_EQ(detail::driver().cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+      EXPECT_EQ(current_device(), d);
+      EXPECT_EQ(current_context_device(), std::optional<int>(d));
+      set_current_device(d);  // through gpumem's retained handle
+      EXPECT_EQ(current_device(), d);
+      ASSERT_EQ(detail::driver().cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+    }).join();
+  }
 }
 
 TEST(DeviceContext, AnUnknownDeviceIsRefusedAndNothingChanges) {
