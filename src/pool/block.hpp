@@ -43,14 +43,27 @@ struct chunk {
   // one entry per page of the chunk, guarded by the owner arena's lock:
   //   pages  the physical handle mapped there (0: none);
   //   ready  bit set where that handle's primary place is here (a block may use it);
-  //   busy   how many blocks that are not free (live, pending) touch it.
+  //   busy   how many blocks that are not free (live, pending) touch it; in a
+  //          segment of slots, where a page is a slot's alone, kept per slot
+  //          instead (slot_at), so that taking and freeing a slot touches no
+  //          per-page record (W1's large column). Read it with page_busy(i).
   std::vector<std::uint64_t> pages;
   std::vector<std::uint64_t> ready;
   std::vector<std::uint32_t> busy;
+  std::vector<const block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
   std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0 (not kept in slot segments)
   bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
+  // Whether a block that is not free (live, pending) touches page i. A slot is
+  // such a block unless it waits in the slot cache.
+  bool page_busy(std::size_t i) const noexcept {
+    if (for_slots) {
+      const block* s = slot_at[i];
+      return s != nullptr && !s->cached;
+    }
+    return busy[i] != 0;
+  }
   // Whether every page in [from, to] is ready: a word of the bitmap at a time.
   bool all_ready(std::size_t from, std::size_t to) const noexcept {
     for (std::size_t w = from >> 6; w <= to >> 6; ++w) {

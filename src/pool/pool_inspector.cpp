@@ -43,7 +43,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
     for (const chunk* c : a->chunks) {
       if (c->owner != a.get()) return "an arena lists a chunk it does not own";
       reserved += c->size;
-      std::vector<std::uint32_t> busy(c->busy.size(), 0);
+      std::vector<std::uint32_t> busy(c->pages.size(), 0);
       std::uintptr_t at = c->base;
       const block* prev = nullptr;
       for (const block* b = c->first; b != nullptr; prev = b, b = b->next_in_chunk) {
@@ -89,9 +89,17 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
       }
       if (at != c->base + c->size) return "blocks do not cover their chunk";
       for (std::size_t q = 0; q < busy.size(); ++q) {
-        if (busy[q] != c->busy[q]) {
+        if (c->for_slots) {
+          const block* over = c->slot_at[q];
+          if (over != nullptr && (!over->slot || over->owner != c || q < (over->address - c->base) / page ||
+                                  q >= (over->address + over->size - c->base) / page)) {
+            why << "page " << q << " of the segment of slots at " << c->base << " names a slot that is not over it";
+            return why.str();
+          }
+        }
+        if ((busy[q] != 0) != c->page_busy(q) || (!c->for_slots && busy[q] != c->busy[q])) {
           why << "page " << q << " of the segment at " << c->base << " is touched by " << busy[q]
-              << " blocks that are not free, its count says " << c->busy[q];
+              << " blocks that are not free, its record says " << (c->for_slots ? int(c->page_busy(q)) : int(c->busy[q]));
           return why.str();
         }
         if (busy[q] != 0 && !c->is_ready(q)) return "a page under a block that is not free has no memory of its own";

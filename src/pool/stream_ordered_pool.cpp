@@ -238,8 +238,12 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
     const std::size_t n = bytes / page_bytes;
     c->pages.assign(n, 0);
     c->ready.assign((n + 63) / 64, 0);
-    c->busy.assign(n, 0);
-    c->freed_at.assign(n, 0);
+    if (for_slots) {
+      c->slot_at.assign(n, nullptr);
+    } else {
+      c->busy.assign(n, 0);
+      c->freed_at.assign(n, 0);
+    }
   }
   chunk* raw = c.get();
   {

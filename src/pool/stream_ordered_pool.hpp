@@ -260,7 +260,7 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) [[unlikely]] {
     throw_capturing(name, "allocate", stream.handle());
   }
-  if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) [[unlikely]] {
+  if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
     // The slot cache's hit here, inline as the quick cache's is (W1's large column).
     const std::size_t slot_size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
     {
@@ -307,15 +307,11 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   chunk& c = *b->owner;
   const std::size_t first = (b->address - c.base) >> page_shift;
   const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
-  if (b->slot) {
-    // A slot's pages are its own (whole pages, never shared: Note [Slots for large
-    // requests]), so their counts are 0 or 1 together: filled, not counted one by one.
-    // freed_at is not kept for them: it orders the pages of free and quick-cached
-    // blocks (take_pages), and a slot's segment holds neither.
-    std::fill(c.busy.begin() + static_cast<std::ptrdiff_t>(first), c.busy.begin() + static_cast<std::ptrdiff_t>(last + 1),
-              delta > 0 ? 1U : 0U);
-    return;
-  }
+  // A slot's pages are its own (whole pages, never shared: Note [Slots for large
+  // requests]): whether they are busy is whether the slot is out of the slot
+  // cache (chunk::page_busy), nothing to count. freed_at orders the pages of free
+  // and quick-cached blocks (take_pages), which a segment of slots never holds.
+  if (b->slot) return;
   if (delta > 0) {
     for (std::size_t i = first; i <= last; ++i) ++c.busy[i];
   } else {
@@ -359,7 +355,7 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
   a.used_bytes -= b->size;
   b->free_epoch = ++a.frees;
   if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
-  if (b->slot) [[unlikely]] {
+  if (b->slot) {
     b->cached = true;  // stays in `live`, as a quick-cached block does
     a.slots.push(b);
   } else if (settings.quick_cache && a.quick.push(b)) {

@@ -287,7 +287,7 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
         page_home& h = homes.at(c.pages[i]);
         const page_ref there = h.primary;
         // 1. Take the page back from a free place of this arena: a swap.
-        if (there.c != nullptr && there.c->owner == &a && there.c->busy[there.index] == 0) {
+        if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           there.c->set_ready(there.index, false);
           *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
           h.primary = {&c, i};
@@ -372,6 +372,8 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
   for (block* y : empty) {
     s.slots.remove(y);
     s.live.erase(y->address);
+    chunk& c = *y->owner;
+    std::fill_n(c.slot_at.begin() + static_cast<std::ptrdiff_t>(page_index(c, y->address)), y->size / page, nullptr);
     y->slot = false;
     y->cached = false;
     y->vacant = true;

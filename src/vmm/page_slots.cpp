@@ -51,7 +51,7 @@ vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, cons
       continue;
     }
     const page_ref& there = homes.at(c.pages[i]).primary;
-    if (there.c == nullptr || there.c->owner != &a || there.c->busy[there.index] != 0) {
+    if (there.c == nullptr || there.c->owner != &a || there.c->page_busy(there.index)) {
       ++f.conflicts;
     } else {
       ++f.swaps;
@@ -115,6 +115,9 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std:
   }
   s->vacant = false;
   s->slot = true;
+  chunk& c = *s->owner;
+  const std::size_t first = page_index(c, s->address);
+  std::fill_n(c.slot_at.begin() + static_cast<std::ptrdiff_t>(first), s->size / page, s);
   return s;
 }
 
@@ -203,7 +206,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
       if (c.is_ready(i)) continue;
       if (c.pages[i] != 0) {
         const page_ref& there = homes.at(c.pages[i]).primary;
-        if (there.c != nullptr && there.c->owner == &a && there.c->busy[there.index] == 0) {
+        if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           take_back(c, i);
           continue;
         }
