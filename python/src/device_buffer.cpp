@@ -10,7 +10,9 @@
 // holds a reference to the buffer until the consumer's deleter runs. Zero-size
 // buffers allocate nothing: ptr is 0 and no resource is called (the contract
 // rejects 0-byte requests; docs/python.md says why this is the Python answer).
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -331,11 +333,100 @@ nb::object to_dlpack(nb::handle self, nb::handle stream, nb::handle max_version,
   return nb::steal(capsule);
 }
 
+// Note [Constructing a DeviceBuffer without argument parsing]
+// DeviceBuffer(size) and DeviceBuffer(size, stream) are what allocation loops
+// call, and nanobind's general dispatch (keyword arguments, defaults, casters for
+// device and resource) took about a third of such a call. The type's own
+// vectorcall (Python 3.12 and later call it; 3.11 never does) serves exactly
+// those two forms: it makes the instance and runs construct() with the omitted
+// arguments as their defaults. Every other form, keywords included, calls
+// nanobind's __init__ on a new instance, as nanobind's own type call does, and a
+// Python subclass goes through type.__call__ to its own __init__. A C++ error on the fast path is raised through
+// raise_pending, a function nanobind dispatches, so that it becomes the same
+// typed Python exception as on the general path.
+thread_local std::exception_ptr pending_failure;
+PyObject* raise_pending_function = nullptr;  // _core._raise_pending, held for the process
+PyObject* device_buffer_type = nullptr;      // exactly DeviceBuffer: a subclass goes the general way
+PyObject* init_function = nullptr;           // DeviceBuffer.__init__, nanobind's, for every other form
+
+void raise_pending() {
+  if (std::exception_ptr e = std::exchange(pending_failure, nullptr)) std::rethrow_exception(e);
+}
+
+PyObject* construct_vectorcall(PyObject* type, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) noexcept {
+  const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  const Py_ssize_t total = n + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  constexpr Py_ssize_t most = 8;  // __init__ takes four; more go the general way, which says so
+  if (type == device_buffer_type && (kwnames != nullptr || n < 1 || n > 2) && total < most) {
+    // What nanobind's own type call does: a new instance, then __init__ with every argument.
+    PyObject* self = nullptr;
+    try {
+      self = nb::inst_alloc(type).release().ptr();
+    } catch (nb::python_error& e) {
+      e.restore();
+      return nullptr;
+    } catch (const std::bad_alloc&) {
+      PyErr_NoMemory();
+      return nullptr;
+    }
+    PyObject* all[most];
+    all[0] = self;
+    std::copy(args, args + total, all + 1);
+    PyObject* none = PyObject_Vectorcall(init_function, all, static_cast<std::size_t>(n) + 1, kwnames);
+    if (none == nullptr) {
+      Py_DECREF(self);
+      return nullptr;
+    }
+    Py_DECREF(none);
+    return self;
+  }
+  if (type != device_buffer_type || total >= most) {  // a subclass: its own __init__, through type.__call__
+    PyObject* tuple = PyTuple_New(n);
+    if (tuple == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    PyObject* kwargs = nullptr;
+    if (kwnames != nullptr) {
+      kwargs = PyDict_New();
+      for (Py_ssize_t i = 0; kwargs != nullptr && i < PyTuple_GET_SIZE(kwnames); ++i) {
+        if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) != 0) Py_CLEAR(kwargs);
+      }
+      if (kwargs == nullptr) {
+        Py_DECREF(tuple);
+        return nullptr;
+      }
+    }
+    PyObject* out = PyType_Type.tp_call(type, tuple, kwargs);
+    Py_DECREF(tuple);
+    Py_XDECREF(kwargs);
+    return out;
+  }
+  try {
+    nb::object self = nb::inst_alloc(type);
+    construct(nb::inst_ptr<device_buffer>(self), args[0], n == 2 ? nb::handle(args[1]) : nb::none(), std::nullopt,
+              nullptr);
+    nb::inst_mark_ready(self);
+    return self.release().ptr();
+  } catch (...) {
+    pending_failure = std::current_exception();
+    Py_XDECREF(PyObject_CallNoArgs(raise_pending_function));  // raises it: null, the error set
+    pending_failure = nullptr;
+    return nullptr;
+  }
+}
+
+#if !defined(Py_tp_vectorcall)
+#define Py_tp_vectorcall 82  // the slot's number in CPython's typeslots.h (3.14); nanobind takes it as such
+#endif
+PyType_Slot device_buffer_slots[] = {{Py_tp_vectorcall, reinterpret_cast<void*>(construct_vectorcall)}, {0, nullptr}};
+
 }  // namespace
 
 void bind_device_buffer(nb::module_& m) {
-  nb::class_<device_buffer>(
-      m, "DeviceBuffer", nb::is_weak_referenceable(),
+  m.def("_raise_pending", &raise_pending, "Internal: raises the error DeviceBuffer's fast constructor caught.");
+  raise_pending_function = m.attr("_raise_pending").ptr();
+  Py_INCREF(raise_pending_function);
+  auto cls = nb::class_<device_buffer>(
+      m, "DeviceBuffer", nb::is_weak_referenceable(), nb::type_slots(device_buffer_slots),
       "Untyped device memory from a gpumem resource (the device's current resource unless one is "
       "given), allocated on `stream` and freed on it when the object goes or close() is called. "
       "DeviceBuffer(0) allocates nothing and has ptr 0.")
@@ -392,6 +483,8 @@ void bind_device_buffer(nb::module_& m) {
                       reinterpret_cast<std::size_t>(b.data()), b.size, b.device, b.closed ? " closed" : "");
         return std::string(buf);
       });
+  device_buffer_type = cls.ptr();  // the module holds the type for the process
+  init_function = nb::object(cls.attr("__init__")).release().ptr();  // held for the process
 }
 
 }  // namespace gpumem::python

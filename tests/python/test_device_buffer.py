@@ -179,6 +179,56 @@ def test_sizes_that_are_not_byte_counts_are_refused_saying_why():
             gpumem.DeviceBuffer(bad)
 
 
+def test_every_form_of_the_constructor_gives_the_same_buffer(fresh_pool):
+    # DeviceBuffer(size) and DeviceBuffer(size, stream) take a fast path on Python >= 3.12
+    # (Note [Constructing a DeviceBuffer without argument parsing]); every form must agree.
+    s = gpumem.Stream()
+    forms = [
+        lambda: gpumem.DeviceBuffer(512),
+        lambda: gpumem.DeviceBuffer(512, None),
+        lambda: gpumem.DeviceBuffer(512, s),
+        lambda: gpumem.DeviceBuffer(512, stream=s),
+        lambda: gpumem.DeviceBuffer(size=512),
+        lambda: gpumem.DeviceBuffer(512, None, device=0),
+        lambda: gpumem.DeviceBuffer(512, s, resource=fresh_pool),
+    ]
+    for make in forms:
+        b = make()
+        assert b.size == 512 and b.ptr != 0 and b.device == 0 and b.resource is fresh_pool
+        assert fresh_pool.statistics()["allocations"] == 1
+        del b
+        assert fresh_pool.statistics()["allocations"] == 0
+    assert gpumem.DeviceBuffer(512, s).stream == s.handle
+
+
+def test_the_constructor_s_errors_are_typed_on_every_path(fresh_pool):
+    with pytest.raises(TypeError, match="expected a stream"):
+        gpumem.DeviceBuffer(16, "not a stream")
+    with pytest.raises(gpumem.OutOfMemoryError):
+        gpumem.DeviceBuffer(1 << 62)
+    with pytest.raises(gpumem.OutOfMemoryError):
+        gpumem.DeviceBuffer(1 << 62, None)
+    with pytest.raises(TypeError):
+        gpumem.DeviceBuffer()
+    with pytest.raises(TypeError):
+        gpumem.DeviceBuffer(16, None, 0)  # device is keyword-only
+    with pytest.raises(TypeError):
+        gpumem.DeviceBuffer(16, colour="red")
+    assert fresh_pool.statistics()["allocations"] == 0
+
+
+def test_a_subclass_runs_its_own_init(fresh_pool):
+    class Tagged(gpumem.DeviceBuffer):
+        def __init__(self, size, tag):
+            super().__init__(size)
+            self.tag = tag
+
+    t = Tagged(64, "x")
+    assert t.tag == "x" and t.size == 64 and isinstance(t, gpumem.DeviceBuffer)
+    del t
+    assert fresh_pool.statistics()["allocations"] == 0
+
+
 def test_sizes_with_index_are_taken():
     class Count:
         def __index__(self):
