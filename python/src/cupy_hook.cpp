@@ -289,7 +289,7 @@ void cupy_free(void* param, void* ptr, int device) noexcept {
   bool freed = false;
   try {
     freed = e.resource->try_deallocate_now(ptr, e.bytes, e.stream);
-  } catch (...) {  // only std::bad_alloc could come: the ordinary free reports what happens
+  } catch (...) {  // a failed capture query, or no memory: the ordinary free reports what happens
   }
   if (!freed || e.resource.use_count() == 1) {
     release_gil_if_held nogil;

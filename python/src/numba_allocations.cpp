@@ -50,8 +50,8 @@ struct group_state {
   int device = -1;
 };
 
-// Frees `buffers` with the GIL released; a failure is reported, never raised (a free
-// runs from destructors).
+// Frees `buffers`, with the GIL released for those the pool cannot free at once; a
+// failure is reported, never raised (a free runs from destructors).
 void free_all_of(std::vector<gpumem::device_buffer>& buffers) {
   // Those the pool frees at once keep the GIL (Note [Allocating without waiting]).
   std::erase_if(buffers, [](gpumem::device_buffer& b) { return b.try_release_now(); });

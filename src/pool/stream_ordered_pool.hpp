@@ -123,6 +123,9 @@ class stream_ordered_pool {
   // before any state changed.
   void* try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment);
   bool try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream);
+  // The arena the thread's cache holds for `stream`, unless the stream is
+  // capturing; null otherwise (no lookup: the arenas' mutex is not taken).
+  arena* arena_now(stream_view stream);
 
   // ---- arenas ----
   // `call` names the caller in the error for a new stream under capture.
@@ -391,11 +394,17 @@ inline bool stream_ordered_pool::fence_due_on_free(const arena& a, std::size_t b
 // Anything else returns null or false before any state changes, and the caller
 // takes the ordinary path, which may wait, with its lock released, and which
 // raises every error (a wrong size, a foreign pointer, a capturing stream).
-inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) {
+inline arena* stream_ordered_pool::arena_now(stream_view stream) {
   const pool_tls::arena_cache& cache = pool_tls::last_arena;
   if (cache.pool_id != id || cache.key != key_of(stream.handle())) return nullptr;
-  arena& a = *cache.found;
   if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) return nullptr;
+  return cache.found;
+}
+
+inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  arena* const cached = arena_now(stream);
+  if (cached == nullptr) return nullptr;
+  arena& a = *cached;
   std::unique_lock lock(a.lock, std::try_to_lock);
   if (!lock.owns_lock()) return nullptr;
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
@@ -429,10 +438,9 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
 }
 
 inline bool stream_ordered_pool::try_deallocate_now(void* ptr, std::size_t bytes, stream_view stream) {
-  const pool_tls::arena_cache& cache = pool_tls::last_arena;
-  if (cache.pool_id != id || cache.key != key_of(stream.handle())) return false;
-  arena& a = *cache.found;
-  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) return false;
+  arena* const cached = arena_now(stream);
+  if (cached == nullptr) return false;
+  arena& a = *cached;
   std::unique_lock lock(a.lock, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
