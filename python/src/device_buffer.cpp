@@ -383,7 +383,10 @@ PyObject* construct_vectorcall(PyObject* type, PyObject* const* args, std::size_
   if (type != device_buffer_type || total >= most) {  // a subclass: its own __init__, through type.__call__
     PyObject* tuple = PyTuple_New(n);
     if (tuple == nullptr) return nullptr;
-    for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      Py_INCREF(args[i]);  // Py_NewRef is 3.10 and later
+      PyTuple_SET_ITEM(tuple, i, args[i]);
+    }
     PyObject* kwargs = nullptr;
     if (kwnames != nullptr) {
       kwargs = PyDict_New();
