@@ -452,9 +452,12 @@ TEST(ReportSeveralLogs, RendersEveryChartInOnePng) {
   const auto split = img.rgb.begin() + static_cast<std::ptrdiff_t>(std::size_t{500} * img.width * 3);
   const png_image upper{img.width, 500, {img.rgb.begin(), split}};
   const png_image lower{img.width, img.height - 500, {split, img.rgb.end()}};
+  // How much of a chart the class fills depends on the recorded timestamps, which a
+  // loaded or instrumented build (TSan) spreads differently: 19,726 pixels once, under
+  // 20,000. A chart that was not drawn has none; 5,000 tells the two apart.
   const std::string colour = tools::group_palette()[2];
-  EXPECT_GT(pixels_of(upper, colour), 20000U) << "the first chart";
-  EXPECT_GT(pixels_of(lower, colour), 20000U) << "the second chart";
+  EXPECT_GT(pixels_of(upper, colour), 5000U) << "the first chart";
+  EXPECT_GT(pixels_of(lower, colour), 5000U) << "the second chart";
 #endif
 }
 
