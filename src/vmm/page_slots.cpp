@@ -8,34 +8,56 @@
 
 namespace gpumem {
 namespace vm = detail::vmm;
+namespace {
+// Free slots of one size beyond which a slot with pages in use elsewhere is
+// repaired (remapped) rather than a new one made (Note [Slots for large requests]).
+constexpr std::size_t max_free_slots_of_a_size = 64;
+}  // namespace
 
 // Note [Slots for large requests]
 // A request of slot_min_bytes or more (a page by default) gets a slot: a
 // block of whole pages, page-aligned, in a segment of the arena that holds
 // slots only; a slot is never split or merged and keeps its address range for
-// life. Freed, it waits in the arena's slot cache (exact size, the most recently
-// freed first) with its pages still mapped, and the next request of its size
-// takes it on the hot path when its pages are still its own (ready).
+// life. Freed, it waits in the arena's slot cache (exact size, ordered by
+// address) with its pages still mapped, and the next request of its size takes
+// the lowest-addressed free slot of the size on the hot path when that slot's
+// pages are still its own (ready).
 //
 // Its pages are free memory meanwhile: when a block elsewhere needs pages,
 // they move like any free page (Note [Pages under the blocks]), and the slot
-// keeps their old places as aliases. A request that finds a slot whose pages
-// are not all ready looks, off the hot path, at the free slots of its size for
-// one whose every page is ready or an alias of a page that is free now (busy
-// 0) in this arena: it takes those back by swapping primary and alias (no
-// driver call). Only when none is usable does it make a new slot: addresses
-// from the arena's slot segments, pages frugal first (Note [Pages, frugal
-// first]), mapped there; their old places become aliases.
+// keeps their old places as aliases. A request whose lowest-addressed slot is
+// not ready looks, off the hot path, at every free slot of its size for the
+// lowest-addressed one whose every page is ready or an alias of a page that is
+// free now (busy 0) in this arena: it takes those back by swapping primary and
+// alias (no driver call). Only when none is usable does it make a new slot:
+// addresses from the arena's slot segments (after every slot made so far),
+// pages frugal first (Note [Pages, frugal first]), mapped there; their old
+// places become aliases. A usable slot is one that needs no driver call; a slot
+// whose pages are in use elsewhere waits, and its pages stay where they are.
 //
-// A slot never has a page remapped: a slot that cannot be used now simply
-// waits, and the request gets another one. This is what makes a loop settle
-// (as GMLake's stitched blocks do): the pages of tensors that are never live at
-// once end up mapped in several slots, one for each, and every step finds for
-// each request a slot of its size whose pages are all free, whatever the
-// order; taking it swaps bookkeeping only, and a step makes no driver call.
-// Slots cost addresses, not memory: a slot's aliases hold no memory of their
-// own. The price is rounding: a slot is whole pages, under a page per large
-// request more than asked (a few percent of the peak for the logs W5 replays).
+// Why a loop settles. Which slot a request takes depends only on which
+// handles are in use at that moment (a slot is usable when none of its handles
+// is) and on the slots' addresses, never on where a handle is the primary or
+// on the order of the frees. Take a loop whose steps repeat the same requests
+// and frees. If step k makes new slots at requests r1 < r2 < ..., then in step
+// k + 1 every request before r1 takes the slot it took in step k (the same
+// handles are in use, and no slot made later has a lower address); at r1 the
+// slot made there in step k is usable (its handles were free at that moment,
+// and the same ones are now), and no lower-addressed slot is (none was in step
+// k); so the handles in use stay the same, and the argument goes on to r2 and
+// beyond. Step k + 1 therefore makes no slot and no driver call, and neither
+// does any step after it. (A choice that depended on the order of frees or on
+// where handles are primary, as a most-recently-freed cache or remapping a
+// slot that is almost usable does, changes the handles in use from step to
+// step, and the loop keeps moving pages: docs/benchmarks.md, "Slots that
+// settle".) The price is addresses and aliases, never memory: a new slot's
+// pages are free pages mapped once more. Only a size with
+// max_free_slots_of_a_size free slots already gets its nearest slot repaired
+// (its pages in use elsewhere replaced by free ones, when under half of them)
+// instead of another slot, which bounds the slots a loop that never repeats
+// can pile up. The other price is rounding: a slot is whole pages, under a page
+// per large request more than asked (a few percent of the peak for the logs W5
+// replays).
 //
 // trim() and release() unmap the settled aliases and give back the free
 // pages; a free slot left without pages becomes vacant addresses again.
@@ -175,8 +197,10 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     pool.add_busy(s, 1);
     return reinterpret_cast<void*>(s->address);
   };
-  // 1. The free slot of the size that needs the fewest pages remapped (then
-  //    the fewest swaps): used as it is when none, repaired when under half.
+  // 1. The free slot of the size at the lowest address among those that need
+  //    no page remapped (swaps only), used as it is; failing that, only while
+  //    the size has many free slots, the one that needs the fewest remapped,
+  //    repaired when under half (Note [Slots for large requests]).
   std::vector<block*> passed;
   block* best = nullptr;
   slot_fit best_fit{~std::size_t{0}, ~std::size_t{0}};
@@ -186,7 +210,8 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     const slot_fit f = fit_of(a, s);
     // The lowest address breaks ties: the choice depends on the slots and their
     // pages, not on the order they were freed in, so a loop makes it the same way
-    // at every step.
+    // at every step (the hot paths take the lowest-addressed free slot only when
+    // it is ready, which is the same choice).
     if (std::tie(f.conflicts, s->address) < std::tie(best_fit.conflicts, best_addr)) {
       best = s;
       best_fit = f;
@@ -194,7 +219,8 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     }
   }
   const std::size_t n = r.size / page;
-  if (best != nullptr && best_fit.conflicts * 2 >= n) best = nullptr;
+  const bool crowded = passed.size() >= max_free_slots_of_a_size;
+  if (best != nullptr && best_fit.conflicts != 0 && (!crowded || best_fit.conflicts * 2 >= n)) best = nullptr;
   for (auto it = passed.rbegin(); it != passed.rend(); ++it) {
     if (*it != best) a.slots.push(*it);
   }

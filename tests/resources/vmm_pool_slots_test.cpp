@@ -1,0 +1,142 @@
+// vmm_pool_resource: slots, the blocks of large requests (Note [Slots for large
+// requests]). A loop whose steps vary settles: once its steps repeat, it makes
+// no new slot and moves no page, and it holds no more memory for it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gpumem/stream.hpp"
+#include "gpumem/vmm/virtual_memory.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+#include "support/touch.hpp"
+
+namespace gpumem::test {
+namespace {
+
+class VmmPoolSlots : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
+  }
+  stream s{0};
+};
+
+struct held {
+  void* p;
+  std::size_t bytes;
+};
+
+// One training step whose activations scale with `length` (in pages): the
+// forward pass keeps an activation per layer and frees a temporary after the
+// next layer's; the backward pass frees the activations in reverse, each after
+// a gradient of its size has come and gone. Returns the peak of the live bytes.
+std::size_t training_step(vmm_pool_resource& pool, std::size_t g, std::size_t length, stream& s) {
+  constexpr std::size_t layers = 6;
+  std::vector<held> activations;
+  held temporary{nullptr, 0};
+  std::size_t live = 0;
+  std::size_t peak = 0;
+  auto take = [&](std::size_t bytes) {
+    held h{pool.allocate(bytes, s), bytes};
+    live += bytes;
+    peak = std::max(peak, live);
+    return h;
+  };
+  auto give = [&](held h) {
+    pool.deallocate(h.p, h.bytes, s);
+    live -= h.bytes;
+  };
+  for (std::size_t layer = 0; layer < layers; ++layer) {
+    activations.push_back(take(length * g * (1 + layer % 3)));
+    held next = take(length * g / 2 + g);
+    if (temporary.p != nullptr) give(temporary);
+    temporary = next;
+  }
+  give(temporary);
+  for (std::size_t layer = layers; layer-- > 0;) {
+    give(take(activations[layer].bytes));
+    give(activations[layer]);
+  }
+  return peak;
+}
+
+// A step of a program whose large requests come in a few sizes and live for
+// varied spans, the same at every call (a fixed seed): which free slot of a size
+// serves a request matters here, as several of each size are free at once.
+std::size_t mixed_step(vmm_pool_resource& pool, std::size_t g, stream& s) {
+  std::uint64_t seed = 0x9E3779B97F4A7C15ULL;
+  auto next = [&](std::uint64_t n) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (seed >> 33) % n;
+  };
+  constexpr std::size_t pages[] = {2, 3, 4, 6, 8};
+  std::vector<held> live_now;
+  std::size_t live = 0;
+  std::size_t peak = 0;
+  for (int op = 0; op < 400; ++op) {
+    if (!live_now.empty() && (live_now.size() > 12 || next(3) == 0)) {
+      const std::size_t k = next(live_now.size());
+      pool.deallocate(live_now[k].p, live_now[k].bytes, s);
+      live -= live_now[k].bytes;
+      live_now.erase(live_now.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      const std::size_t bytes = pages[next(5)] * g - next(2) * g / 2;
+      live_now.push_back({pool.allocate(bytes, s), bytes});
+      live += bytes;
+      peak = std::max(peak, live);
+    }
+  }
+  for (const held& h : live_now) pool.deallocate(h.p, h.bytes, s);
+  return peak;
+}
+
+TEST_F(VmmPoolSlots, AProgramThatRepeatsSettles) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  std::size_t peak_live = 0;
+  std::vector<vmm_pool_statistics> after;
+  for (int cycle = 0; cycle < 6; ++cycle) {
+    peak_live = std::max(peak_live, mixed_step(pool, g, s));
+    after.push_back(pool.statistics());
+  }
+  for (std::size_t k = 2; k < after.size(); ++k) {
+    EXPECT_EQ(after[k].pages_moved, after[1].pages_moved) << "cycle " << k << " moved pages";
+    EXPECT_EQ(after[k].pages_created, after[1].pages_created) << "cycle " << k << " made pages";
+  }
+  EXPECT_LE(after.back().peak_mapped_bytes, peak_live + peak_live / 8);
+  s.synchronize();
+}
+
+TEST_F(VmmPoolSlots, ALoopWhoseStepsVarySettles) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  const std::vector<std::size_t> lengths = {3, 5, 4, 7, 2, 6, 5, 3};
+  std::size_t peak_live = 0;
+  std::vector<vmm_pool_statistics> after;
+  for (int cycle = 0; cycle < 6; ++cycle) {
+    for (std::size_t n : lengths) peak_live = std::max(peak_live, training_step(pool, g, n, s));
+    after.push_back(pool.statistics());
+  }
+  for (std::size_t k = 2; k < after.size(); ++k) {
+    EXPECT_EQ(after[k].pages_moved, after[1].pages_moved) << "cycle " << k << " moved pages";
+    EXPECT_EQ(after[k].pages_created, after[1].pages_created) << "cycle " << k << " made pages";
+    EXPECT_EQ(after[k].address_bytes, after[1].address_bytes) << "cycle " << k << " made slots";
+  }
+  EXPECT_LE(after.back().peak_mapped_bytes, peak_live + peak_live / 8)
+      << "the pages of requests never live at once are shared";
+  EXPECT_GT(after.back().pages_revived, after[1].pages_revived) << "later cycles swap places only";
+  // The memory is sound after all that sharing.
+  void* p = pool.allocate(7 * g, s);
+  void* q = pool.allocate(7 * g + g / 2, s);
+  device_fill(p, 7 * g, 0x5A, s);
+  device_fill(q, 7 * g + g / 2, 0xA5, s);
+  EXPECT_EQ(device_count_mismatches(p, 7 * g, 0x5A, s), 0U);
+  EXPECT_EQ(device_count_mismatches(q, 7 * g + g / 2, 0xA5, s), 0U);
+  pool.deallocate(q, 7 * g + g / 2, s);
+  pool.deallocate(p, 7 * g, s);
+  s.synchronize();
+}
+
+}  // namespace
+}  // namespace gpumem::test
