@@ -107,6 +107,7 @@ struct alignas(64) arena {
   // pools unmap only what is settled: src/vmm/page_blocks.cpp).
   std::uint64_t settled_frees = 0;
   free_slots slots;  // paged pools: free slots by size
+  std::uint64_t slot_handouts = 0;  // slots handed out, ever: each hand-out's block::uses
   // Paged pools: `frees` when another stream last saw it change, and when
   // (steady_clock ns); a stream that has freed nothing for a while is idle, and
   // its free pages may go to others (src/vmm/page_backing.cpp).

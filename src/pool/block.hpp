@@ -32,6 +32,10 @@ struct block {
   // vacant addresses of a segment of slots (in no index, never handed out).
   bool slot = false;
   bool vacant = false;
+  // Slots only: the arena's count of slot hand-outs when this one was last
+  // handed out, unique in the arena, so a record reused for another slot never
+  // repeats it (chunk::page_wait).
+  std::uint64_t uses = 0;
 };
 
 struct chunk {
@@ -52,6 +56,19 @@ struct chunk {
   std::vector<std::uint32_t> busy;
   std::vector<const block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
   std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0 (not kept in slot segments)
+  std::vector<std::uint32_t> busy_spans;  // how many times busy rose from 0 (not kept in slot segments)
+  // Segments of slots: per page of a free slot that cannot be used, the page in
+  // use that holds its handle, and the mark of that use (Note [Slots for large
+  // requests]): the slot of that page and its `uses`, or the busy span there.
+  // `index` == no_handle: the page has no handle (until the slot is remapped);
+  // `at` null: nothing known.
+  struct page_wait {
+    static constexpr std::size_t no_handle = ~std::size_t{0};
+    const chunk* at = nullptr;
+    std::size_t index = 0;
+    std::uint64_t mark = 0;
+  };
+  std::vector<page_wait> waits;
   bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
@@ -79,6 +96,28 @@ struct chunk {
     else ready[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
   }
 };
+
+// Whether the free slot `s` (whole pages of 2^page_shift bytes) still cannot be
+// used: a page of it is one whose wait still holds (the same live slot, or the
+// same span of busy blocks, over the page that has its handle; or no handle).
+// False means not known. Under the arena's lock.
+inline bool still_waits(const block* s, unsigned page_shift) noexcept {
+  const chunk& c = *s->owner;
+  const std::size_t first = (s->address - c.base) >> page_shift;
+  const std::size_t end = first + (s->size >> page_shift);
+  for (std::size_t i = first; i < end; ++i) {
+    const chunk::page_wait& w = c.waits[i];
+    if (w.at == nullptr) continue;
+    if (w.index == chunk::page_wait::no_handle) return true;
+    if (w.at->for_slots) {
+      const block* y = w.at->slot_at[w.index];
+      if (y != nullptr && !y->cached && y->uses == w.mark) return true;
+    } else if (w.at->busy[w.index] != 0 && w.at->busy_spans[w.index] == w.mark) {
+      return true;
+    }
+  }
+  return false;
+}
 
 // Allocates block records without touching the heap on the hot path.
 class block_slab {

@@ -22,11 +22,10 @@ class free_slots {
  public:
   // The free slot of exactly `size` bytes at the lowest address, or null.
   block* pop(std::size_t size) noexcept {
-    heap* h = find(size);
-    if (h == nullptr || h->empty()) return nullptr;
-    block* b = h->front();
-    std::pop_heap(h->begin(), h->end(), higher_address);
-    h->pop_back();
+    row* r = find(size);
+    if (r == nullptr || r->empty()) return nullptr;
+    block* b = r->back().b;
+    r->pop_back();
     --count_;
     bytes_ -= size;
     return b;
@@ -34,88 +33,136 @@ class free_slots {
 
   // What pop(size) would return, left in place.
   block* peek(std::size_t size) noexcept {
-    heap* h = find(size);
-    return h == nullptr || h->empty() ? nullptr : h->front();
+    row* r = find(size);
+    return r == nullptr || r->empty() ? nullptr : r->back().b;
   }
 
   void push(block* b) {
-    heap& h = find_or_make(b->size);
-    h.push_back(b);
-    std::push_heap(h.begin(), h.end(), higher_address);
+    row& r = find_or_make(b->size);
+    const item x{b->address, b};
+    r.insert(std::upper_bound(r.begin(), r.end(), x, higher_address), x);
     ++count_;
     bytes_ += b->size;
   }
 
-  // Removes `b`, a free slot of this cache. Linear in the free slots of its size.
+  // Removes `b`, a free slot of this cache.
   void remove(block* b) noexcept {
-    heap* h = find(b->size);
-    if (h == nullptr) return;
-    auto it = std::find(h->begin(), h->end(), b);
-    if (it == h->end()) return;
-    *it = h->back();
-    h->pop_back();
-    std::make_heap(h->begin(), h->end(), higher_address);
+    row* r = find(b->size);
+    if (r == nullptr) return;
+    auto it = std::lower_bound(r->begin(), r->end(), item{b->address, b}, higher_address);
+    if (it == r->end() || it->b != b) return;
+    r->erase(it);
     --count_;
     bytes_ -= b->size;
   }
 
+  // Removes and returns the free slot of exactly `size` bytes at the lowest
+  // address that `accept` takes, or null. Visits in address order until one is
+  // taken; the ones passed over stay.
+  template <class F>
+  block* pop_lowest_accepted(std::size_t size, F&& accept) {
+    row* r = find(size);
+    if (r == nullptr) return nullptr;
+    for (auto it = r->rbegin(); it != r->rend(); ++it) {
+      if (!accept(it->b)) continue;
+      block* b = it->b;
+      r->erase(std::next(it).base());
+      --count_;
+      bytes_ -= size;
+      return b;
+    }
+    return nullptr;
+  }
+
+  // Removes and returns the free slot of exactly `size` bytes at the lowest
+  // address past those that `pass` skips, when `take` takes it; else null.
+  template <class Pass, class Take>
+  block* pop_first_past(std::size_t size, Pass&& pass, Take&& take) {
+    row* r = find(size);
+    if (r == nullptr) return nullptr;
+    for (auto it = r->rbegin(); it != r->rend(); ++it) {
+      if (pass(it->b)) continue;
+      if (!take(it->b)) return nullptr;
+      block* b = it->b;
+      r->erase(std::next(it).base());
+      --count_;
+      bytes_ -= size;
+      return b;
+    }
+    return nullptr;
+  }
+
   // How many free slots of exactly `size` bytes there are.
   std::size_t count_of(std::size_t size) noexcept {
-    heap* h = find(size);
-    return h == nullptr ? 0 : h->size();
+    row* r = find(size);
+    return r == nullptr ? 0 : r->size();
   }
 
   // Calls f(slot) on every free slot until it returns true.
   template <class F>
   void for_each_until(F&& f) const {
     for (const entry& e : direct_) {
-      for (block* b : e.h) {
-        if (f(b)) return;
+      for (const item& x : e.r) {
+        if (f(x.b)) return;
       }
     }
-    for (const auto& [size, h] : overflow_) {
-      for (block* b : h) {
-        if (f(b)) return;
+    for (const auto& [size, r] : overflow_) {
+      for (const item& x : r) {
+        if (f(x.b)) return;
       }
     }
+  }
+
+  // Calls f(slot) on every free slot of exactly `size` bytes, highest address first.
+  template <class F>
+  void for_each_of(std::size_t size, F&& f) {
+    row* r = find(size);
+    if (r == nullptr) return;
+    for (const item& x : *r) f(x.b);
   }
 
   std::size_t count() const noexcept { return count_; }
   std::size_t bytes() const noexcept { return bytes_; }
 
  private:
-  // A size's free slots: a binary heap whose front is the lowest address.
-  using heap = std::vector<block*>;
-  static bool higher_address(const block* x, const block* y) noexcept { return x->address > y->address; }
+  // A size's free slots, highest address first, each with its address beside it
+  // (ordering them reads no block): the lowest is taken from the end and mostly
+  // put back there, and a slot freed is placed by a binary search.
+  struct item {
+    std::uintptr_t address;
+    block* b;
+  };
+  using row = std::vector<item>;
+  static bool higher_address(const item& x, const item& y) noexcept { return x.address > y.address; }
   struct entry {
     std::size_t size = 0;
-    heap h;
+    row r;
   };
   static constexpr unsigned slot_bits = 6;
   entry& direct(std::size_t size) noexcept {
     return direct_[((size >> 8) * 0x9E3779B97F4A7C15ULL) >> (64 - slot_bits)];
   }
-  heap* find(std::size_t size) noexcept {
+  row* find(std::size_t size) noexcept {
     entry& e = direct(size);
-    if (e.size == size) return &e.h;
+    if (e.size == size) return &e.r;
     if (overflow_.empty()) return nullptr;
     auto it = overflow_.find(size);
     return it != overflow_.end() ? &it->second : nullptr;
   }
-  // A size keeps one heap: in the table, or, while another size holds its entry
-  // there, in the map. An entry whose heap is empty goes to the next size.
-  heap& find_or_make(std::size_t size) {
+  // A size keeps one row: in the table, or, while another size holds its entry
+  // there, in the map. An entry whose row is empty goes to the next size.
+  row& find_or_make(std::size_t size) {
     entry& e = direct(size);
-    if (e.size == size) return e.h;
-    if (e.h.empty() && overflow_.find(size) == overflow_.end()) {
+    if (e.size == size) return e.r;
+    if (e.r.empty() && overflow_.find(size) == overflow_.end()) {
       e.size = size;
-      return e.h;
+      return e.r;
     }
     return overflow_[size];
   }
 
   std::array<entry, std::size_t{1} << slot_bits> direct_{};
-  std::unordered_map<std::size_t, heap> overflow_;
+  std::unordered_map<std::size_t, row> overflow_;
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
 };

@@ -49,7 +49,7 @@ stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_p
 
 bool pool_backing::make_ready(arena&, block*) { return true; }
 
-void* pool_backing::allocate_slot(arena&, const pool_request&, block*) {
+void* pool_backing::allocate_slot(arena&, const pool_request&) {
   throw logic_error("gpumem: this pool has no slots");
 }
 
@@ -240,9 +240,11 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
     c->ready.assign((n + 63) / 64, 0);
     if (for_slots) {
       c->slot_at.assign(n, nullptr);
+      c->waits.assign(n, {});
     } else {
       c->busy.assign(n, 0);
       c->freed_at.assign(n, 0);
+      c->busy_spans.assign(n, 0);
     }
   }
   chunk* raw = c.get();
@@ -367,33 +369,26 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   const std::size_t page = settings.page_bytes;
   const std::size_t size = (bytes + page - 1) / page * page;
   const pool_request r{.size = size, .requested = bytes, .alignment = page, .need = size};
-  block* candidate = nullptr;
   {
+    // The lowest-addressed free slot that is ready, past those that still wait
+    // for a live slot (Note [Slots for large requests]): the backing's choice,
+    // made here without the growth mutex. A slot that is neither goes to the backing.
     std::lock_guard lock(a.lock);
-    if (block* b = a.slots.pop(size)) {
-      if (pages_ready(b)) [[likely]] {
-        b->cached = false;
-        b->requested_bytes = bytes;
-        a.used_bytes += size;
-        add_busy(b, 1);
-        return reinterpret_cast<void*>(b->address);
-      }
-      candidate = b;  // some of its pages went elsewhere: the backing takes them back or picks another
+    block* b = a.slots.pop_first_past(size, [&](const block* s) { return still_waits(s, page_shift); },
+                                      [&](const block* s) { return pages_ready(s); });
+    if (b != nullptr) {
+      take_cached(a, b, bytes);
+      b->uses = ++a.slot_handouts;
+      return reinterpret_cast<void*>(b->address);
     }
   }
-  if (size > backing->largest_possible()) {
-    if (candidate != nullptr) {
-      std::lock_guard lock(a.lock);
-      a.slots.push(candidate);
-    }
-    throw_out_of_memory(bytes);
-  }
+  if (size > backing->largest_possible()) throw_out_of_memory(bytes);
   growth_waiter waiting(a);
   std::lock_guard growing(growth_mutex);
-  if (void* p = backing->allocate_slot(a, r, candidate)) return p;
+  if (void* p = backing->allocate_slot(a, r)) return p;
   // Memory is short: make every free complete, and try once more.
   synchronize_and_fence_everything();
-  if (void* p = backing->allocate_slot(a, r, nullptr)) return p;
+  if (void* p = backing->allocate_slot(a, r)) return p;
   throw_out_of_memory(bytes);
 }
 

@@ -83,10 +83,9 @@ class pool_backing {
   // (b is then freed by the engine, keeping what it got).
   virtual bool make_ready(arena& a, block* b);
   // Paged pools: a slot for the request (r.size whole pages), the growth mutex
-  // held: `candidate`, a free slot of that size whose pages are not all ready,
-  // when the cache had one (used, or put back); else another free slot, or a new
-  // one. Null when memory is short.
-  virtual void* allocate_slot(arena& a, const pool_request& r, block* candidate);
+  // held, when the lowest-addressed free slot of that size (if any) is not ready:
+  // another free slot, or a new one. Null when memory is short.
+  virtual void* allocate_slot(arena& a, const pool_request& r);
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
   // Requests that need more than this fail at once, without a device synchronisation.
@@ -272,6 +271,7 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
       if (s != nullptr && pages_ready(s)) [[likely]] {
         a.slots.pop(slot_size);
         take_cached(a, s, bytes);
+        s->uses = ++a.slot_handouts;
         return reinterpret_cast<void*>(s->address);
       }
     }
@@ -316,7 +316,9 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   // and quick-cached blocks (take_pages), which a segment of slots never holds.
   if (b->slot) return;
   if (delta > 0) {
-    for (std::size_t i = first; i <= last; ++i) ++c.busy[i];
+    for (std::size_t i = first; i <= last; ++i) {
+      if (c.busy[i]++ == 0) ++c.busy_spans[i];
+    }
   } else {
     const std::uint64_t now = c.owner->frees;
     for (std::size_t i = first; i <= last; ++i) {
@@ -413,6 +415,7 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
     if (s == nullptr || !pages_ready(s)) return nullptr;
     a.slots.pop(s->size);
     take_cached(a, s, bytes);
+    s->uses = ++a.slot_handouts;
     return reinterpret_cast<void*>(s->address);
   }
   const std::size_t size = (bytes + granule - 1) & ~(granule - 1);

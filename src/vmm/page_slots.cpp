@@ -62,24 +62,49 @@ constexpr std::size_t max_free_slots_of_a_size = 64;
 // trim() and release() unmap the settled aliases and give back the free
 // pages; a free slot left without pages becomes vacant addresses again.
 
+vmm_pool_resource::impl::page_use vmm_pool_resource::impl::use_of(arena& a, const chunk& c, std::size_t i) const {
+  if (c.is_ready(i)) return page_use::ready;
+  if (c.pages[i] == 0) return page_use::conflict;
+  const page_ref& there = homes.at(c.pages[i]).primary;
+  if (there.c == nullptr || there.c->owner != &a || there.c->page_busy(there.index)) return page_use::conflict;
+  return page_use::swap;
+}
+
 vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, const block* s) const {
   const chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
   slot_fit f;
   for (std::size_t i = first; i < first + s->size / page; ++i) {
-    if (c.is_ready(i)) continue;
+    const page_use u = use_of(a, c, i);
+    f.conflicts += u == page_use::conflict;
+    f.swaps += u == page_use::swap;
+  }
+  return f;
+}
+
+bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
+  chunk& c = *s->owner;
+  const std::size_t first = page_index(c, s->address);
+  bool ok = true;
+  for (std::size_t i = first; i < first + s->size / page; ++i) {
+    chunk::page_wait& w = c.waits[i];
+    w = {};
+    if (use_of(a, c, i) != page_use::conflict) continue;
+    ok = false;
+    // What keeps the page's handle from this slot, when the arena's lock alone
+    // can tell that it still does (still_waits): a busy page of this arena, or
+    // no handle at all. A handle in another arena or on its way is not known.
     if (c.pages[i] == 0) {
-      ++f.conflicts;
+      w = {&c, chunk::page_wait::no_handle, 0};
       continue;
     }
     const page_ref& there = homes.at(c.pages[i]).primary;
-    if (there.c == nullptr || there.c->owner != &a || there.c->page_busy(there.index)) {
-      ++f.conflicts;
-    } else {
-      ++f.swaps;
-    }
+    if (there.c == nullptr || there.c->owner != &a) continue;
+    w.at = there.c;
+    w.index = there.index;
+    w.mark = there.c->for_slots ? there.c->slot_at[there.index]->uses : there.c->busy_spans[there.index];
   }
-  return f;
+  return ok;
 }
 
 void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
@@ -179,50 +204,45 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
   return got;
 }
 
-void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_request& r, block* candidate) {
-  void* p = find_slot(a, r, candidate);
+void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_request& r) {
+  void* p = find_slot(a, r);
   enforce_threshold();
   return p;
 }
 
-void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r, block* candidate) {
+void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r) {
   const std::vector<arena*> others = pool.arenas_except(&a);
   pool.absorb_pending(a);  // slots other streams freed back to this one
   std::unique_lock lock(a.lock);
   auto hand_out = [&](block* s) {
     if (!s->cached) a.live.insert(s->address, s);
     s->cached = false;
+    s->uses = ++a.slot_handouts;
     s->requested_bytes = r.requested;
     a.used_bytes += s->size;
     pool.add_busy(s, 1);
     return reinterpret_cast<void*>(s->address);
   };
   // 1. The free slot of the size at the lowest address among those that need
-  //    no page remapped (swaps only), used as it is; failing that, only while
-  //    the size has many free slots, the one that needs the fewest remapped,
-  //    repaired when under half (Note [Slots for large requests]).
-  std::vector<block*> passed;
-  block* best = nullptr;
-  slot_fit best_fit{~std::size_t{0}, ~std::size_t{0}};
-  std::uintptr_t best_addr = ~std::uintptr_t{0};
-  for (block* s = candidate != nullptr ? candidate : a.slots.pop(r.size); s != nullptr; s = a.slots.pop(r.size)) {
-    passed.push_back(s);
-    const slot_fit f = fit_of(a, s);
-    // The lowest address breaks ties: the choice depends on the slots and their
-    // pages, not on the order they were freed in, so a loop makes it the same way
-    // at every step (the hot paths take the lowest-addressed free slot only when
-    // it is ready, which is the same choice).
-    if (std::tie(f.conflicts, s->address) < std::tie(best_fit.conflicts, best_addr)) {
-      best = s;
-      best_fit = f;
-      best_addr = s->address;
-    }
-  }
+  //    no page remapped (swaps only), used as it is. The choice depends on the
+  //    slots and on which handles are in use, not on the order of the frees,
+  //    so a loop makes it the same way at every step (the hot paths take the
+  //    lowest-addressed free slot only when it is ready: the same choice).
+  //    Failing that, only while the size has many free slots, the one that
+  //    needs the fewest remapped, repaired when under half (Note [Slots for
+  //    large requests]).
   const std::size_t n = r.size / page;
-  const bool crowded = passed.size() >= max_free_slots_of_a_size;
-  if (best != nullptr && best_fit.conflicts != 0 && (!crowded || best_fit.conflicts * 2 >= n)) best = nullptr;
-  for (auto it = passed.rbegin(); it != passed.rend(); ++it) {
-    if (*it != best) a.slots.push(*it);
+  block* best = a.slots.pop_lowest_accepted(r.size, [&](const block* s) { return !detail::still_waits(s, pool.page_shift) && usable(a, s); });
+  if (best == nullptr && a.slots.count_of(r.size) >= max_free_slots_of_a_size) {
+    std::size_t fewest = n;
+    a.slots.for_each_of(r.size, [&](block* s) {
+      const std::size_t conflicts = fit_of(a, s).conflicts;
+      if (conflicts * 2 < n && (conflicts < fewest || (conflicts == fewest && s->address < best->address))) {
+        best = s;
+        fewest = conflicts;
+      }
+    });
+    if (best != nullptr) a.slots.remove(best);
   }
   if (best != nullptr) {
     chunk& c = *best->owner;

@@ -51,7 +51,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   bool make_ready(arena& a, block* b) override;
   std::size_t give_back(bool device_synchronized) override;
   void before_last_growth() override {}  // the growth after the synchronisation takes every free page
-  void* allocate_slot(arena& a, const detail::pool_request& r, block* candidate) override;
+  void* allocate_slot(arena& a, const detail::pool_request& r) override;
   std::string shortage(std::size_t requested) override;
   std::size_t largest_possible() const override { return maximum; }
 
@@ -77,8 +77,16 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
     std::size_t swaps = 0;
   };
   slot_fit fit_of(arena& a, const block* s) const;
+  // What page i of c (in a slot of `a`) needs for the slot to be used: nothing
+  // (ready), a swap, or a remap (conflict: no page, or its page in use or in
+  // another arena).
+  enum class page_use { ready, swap, conflict };
+  page_use use_of(arena& a, const chunk& c, std::size_t i) const;
+  // Whether the free slot `s` can be used without a driver call (no conflict);
+  // records, per page that conflicts, what it waits for (chunk::waits).
+  bool usable(arena& a, const block* s);
   // allocate_slot's work: a usable or repaired free slot, else a new one.
-  void* find_slot(arena& a, const detail::pool_request& r, block* candidate);
+  void* find_slot(arena& a, const detail::pool_request& r);
   // Takes up to `count` pages of a's free slots, whole slots first (the one of
   // the size left, else the smallest that covers it, else the largest).
   std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,
