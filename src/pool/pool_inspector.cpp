@@ -146,7 +146,7 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
         const impl::page_ref here{c, i};
         const bool listed_alias = std::find(h.aliases.begin(), h.aliases.end(), here) != h.aliases.end();
         if (c->is_ready(i)) {
-          if (!(h.primary == here)) return "a ready page is not its handle's primary place";
+          if (!(h.primary.load() == here)) return "a ready page is not its handle's primary place";
           if (listed_alias) return "a page is both its handle's primary place and one of its aliases";
           ready_bytes += m.page;
         } else if (!listed_alias) {
@@ -161,7 +161,7 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
   }
   std::size_t recorded = 0;
   for (const auto& [handle, h] : m.homes) {
-    if (h.primary.c == nullptr || h.primary.c->pages[h.primary.index] != handle) {
+    if (const impl::page_ref p = h.primary.load(); p.c == nullptr || p.c->pages[p.index] != handle) {
       return "a handle's primary place maps another handle";
     }
     for (const auto& al : h.aliases) {

@@ -384,6 +384,10 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   }
   if (size > backing->largest_possible()) throw_out_of_memory(bytes);
   growth_waiter waiting(a);
+  {
+    std::shared_lock reusing(growth_mutex);
+    if (void* p = backing->reuse_slot(a, r)) return p;
+  }
   std::lock_guard growing(growth_mutex);
   if (void* p = backing->allocate_slot(a, r)) return p;
   // Memory is short: make every free complete, and try once more.

@@ -86,6 +86,10 @@ class pool_backing {
   // held, when the lowest-addressed free slot of that size (if any) is not ready:
   // another free slot, or a new one. Null when memory is short.
   virtual void* allocate_slot(arena& a, const pool_request& r);
+  // Paged pools: a free slot for the request that needs no driver call, or
+  // null; the growth mutex held shared (no thread grows meanwhile, other
+  // threads may reuse slots of other arenas).
+  virtual void* reuse_slot(arena&, const pool_request&) { return nullptr; }
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
   // Requests that need more than this fail at once, without a device synchronisation.
@@ -229,7 +233,9 @@ class stream_ordered_pool {
   void reset_peak_reserved() noexcept { peak_reserved_bytes.store(reserved_bytes.load()); }
   unsigned page_shift = 0;  // paged pools: log2(settings.page_bytes)
 
-  std::mutex growth_mutex;  // serialises growing and giving back
+  // Serialises growing and giving back; held shared only to reuse a slot
+  // (Note [Reusing a slot under the shared growth mutex], src/vmm/page_slots.cpp).
+  std::shared_mutex growth_mutex;
   std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
 };

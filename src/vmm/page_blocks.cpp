@@ -167,7 +167,7 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
 void vmm_pool_resource::impl::take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out) {
   page_home& h = homes.at(c.pages[i]);
   h.aliases.push_back({&c, i});
-  h.primary = {};  // moving: map_pages gives it its new place
+  h.primary.store({});  // moving: map_pages gives it its new place
   c.set_ready(i, false);
   out.push_back(c.pages[i]);
   s.reserved_bytes -= page;
@@ -196,12 +196,12 @@ void vmm_pool_resource::impl::return_unplaced(arena& a, const std::vector<std::u
   for (std::size_t k = from; k < from + n; ++k) {
     const std::uint64_t handle = handles[k];
     auto it = homes.find(handle);
-    if (it != homes.end() && it->second.primary.c == nullptr && !it->second.aliases.empty()) {
+    if (it != homes.end() && it->second.primary.load().c == nullptr && !it->second.aliases.empty()) {
       // Taken from a free place (take_page): that place becomes its home again.
       page_home& h = it->second;
       const page_ref old = h.aliases.back();
       h.aliases.pop_back();
-      h.primary = old;
+      h.primary.store(old);
       arena& s = *old.c->owner;
       if (&s != &a) s.lock.lock();
       old.c->set_ready(old.index, true);
@@ -242,7 +242,7 @@ bool vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
     c.set_ready(first + k, true);
     page_home& h = homes[handles[from + k]];
     if (h.rank == 0) h.rank = ++handles_made;
-    h.primary = {&c, first + k};
+    h.primary.store({&c, first + k});
   }
   a.reserved_bytes += n * page;
   return true;
@@ -285,12 +285,12 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
       if (c.is_ready(i)) continue;
       if (c.pages[i] != 0) {
         page_home& h = homes.at(c.pages[i]);
-        const page_ref there = h.primary;
+        const page_ref there = h.primary.load();
         // 1. Take the page back from a free place of this arena: a swap.
         if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           there.c->set_ready(there.index, false);
           *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
-          h.primary = {&c, i};
+          h.primary.store({&c, i});
           c.set_ready(i, true);
           ++pages_revived;
           continue;

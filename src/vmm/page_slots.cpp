@@ -65,7 +65,7 @@ constexpr std::size_t max_free_slots_of_a_size = 64;
 vmm_pool_resource::impl::page_use vmm_pool_resource::impl::use_of(arena& a, const chunk& c, std::size_t i) const {
   if (c.is_ready(i)) return page_use::ready;
   if (c.pages[i] == 0) return page_use::conflict;
-  const page_ref& there = homes.at(c.pages[i]).primary;
+  const page_ref there = homes.at(c.pages[i]).primary.load();
   if (there.c == nullptr || there.c->owner != &a || there.c->page_busy(there.index)) return page_use::conflict;
   return page_use::swap;
 }
@@ -98,7 +98,7 @@ bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
       w = {&c, chunk::page_wait::no_handle, 0};
       continue;
     }
-    const page_ref& there = homes.at(c.pages[i]).primary;
+    const page_ref there = homes.at(c.pages[i]).primary.load();
     if (there.c == nullptr || there.c->owner != &a) continue;
     w.at = there.c;
     w.index = there.index;
@@ -109,10 +109,10 @@ bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
 
 void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
   page_home& h = homes.at(c.pages[i]);
-  const page_ref there = h.primary;
+  const page_ref there = h.primary.load();
   there.c->set_ready(there.index, false);
   *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
-  h.primary = {&c, i};
+  h.primary.store({&c, i});
   c.set_ready(i, true);
   ++pages_revived;
 }
@@ -204,36 +204,75 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
   return got;
 }
 
+// Note [Reusing a slot under the shared growth mutex]
+// Most requests that miss the hot paths find a free slot that needs swaps only
+// (its aliases' handles are free in the same arena). Taking it reads the
+// handles' places and swaps primary and alias, which other arenas' growth
+// would race with; it does not create, map or move anything. So it runs under
+// the growth mutex held shared (reuse_slot), and only a request that needs a
+// new or repaired slot takes it exclusively (allocate_slot). Threads of
+// different streams then reuse slots at once (W3). Under the shared mutex:
+//  - the handle map's shape never changes (inserts and erases hold it
+//    exclusively), so lookups are safe;
+//  - a swap writes only handles whose primary place is in the caller's arena
+//    (use_of checks the owner), under that arena's lock; no other arena writes
+//    such a handle, since it would have to be primary there;
+//  - other arenas read those handles' primary places (page_home::primary, two
+//    relaxed atomics) only to see that they are not theirs;
+//  - no thread holds two arena locks.
+
+void* vmm_pool_resource::impl::reuse_slot(arena& a, const detail::pool_request& r) {
+  std::lock_guard lock(a.lock);
+  block* s = take_usable(a, r.size);
+  return s != nullptr ? hand_out(a, s, r.requested) : nullptr;
+}
+
 void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_request& r) {
   void* p = find_slot(a, r);
   enforce_threshold();
   return p;
 }
 
+void* vmm_pool_resource::impl::hand_out(arena& a, block* s, std::size_t requested) {
+  if (!s->cached) a.live.insert(s->address, s);
+  s->cached = false;
+  s->uses = ++a.slot_handouts;
+  s->requested_bytes = requested;
+  a.used_bytes += s->size;
+  pool.add_busy(s, 1);
+  return reinterpret_cast<void*>(s->address);
+}
+
+vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, std::size_t size) {
+  // The lowest-addressed free slot of the size that needs no page remapped,
+  // past those whose recorded wait still holds. The choice depends on the
+  // slots and on which handles are in use, not on the order of the frees, so
+  // a loop makes it the same way at every step (the hot paths take the
+  // lowest-addressed free slot past those that wait only when it is ready: the
+  // same choice). Its aliases take their handles back: swaps, no driver call.
+  block* s = a.slots.pop_lowest_accepted(
+      size, [&](const block* y) { return !detail::still_waits(y, pool.page_shift) && usable(a, y); });
+  if (s == nullptr) return nullptr;
+  chunk& c = *s->owner;
+  const std::size_t first = page_index(c, s->address);
+  for (std::size_t i = first; i < first + size / page; ++i) {
+    if (!c.is_ready(i)) take_back(c, i);
+  }
+  return s;
+}
+
 void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r) {
   const std::vector<arena*> others = pool.arenas_except(&a);
   pool.absorb_pending(a);  // slots other streams freed back to this one
   std::unique_lock lock(a.lock);
-  auto hand_out = [&](block* s) {
-    if (!s->cached) a.live.insert(s->address, s);
-    s->cached = false;
-    s->uses = ++a.slot_handouts;
-    s->requested_bytes = r.requested;
-    a.used_bytes += s->size;
-    pool.add_busy(s, 1);
-    return reinterpret_cast<void*>(s->address);
-  };
-  // 1. The free slot of the size at the lowest address among those that need
-  //    no page remapped (swaps only), used as it is. The choice depends on the
-  //    slots and on which handles are in use, not on the order of the frees,
-  //    so a loop makes it the same way at every step (the hot paths take the
-  //    lowest-addressed free slot only when it is ready: the same choice).
+  // 1. A free slot that needs swaps only (take_usable).
+  if (block* s = take_usable(a, r.size)) return hand_out(a, s, r.requested);
   //    Failing that, only while the size has many free slots, the one that
   //    needs the fewest remapped, repaired when under half (Note [Slots for
   //    large requests]).
   const std::size_t n = r.size / page;
-  block* best = a.slots.pop_lowest_accepted(r.size, [&](const block* s) { return !detail::still_waits(s, pool.page_shift) && usable(a, s); });
-  if (best == nullptr && a.slots.count_of(r.size) >= max_free_slots_of_a_size) {
+  block* best = nullptr;
+  if (a.slots.count_of(r.size) >= max_free_slots_of_a_size) {
     std::size_t fewest = n;
     a.slots.for_each_of(r.size, [&](block* s) {
       const std::size_t conflicts = fit_of(a, s).conflicts;
@@ -251,7 +290,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     for (std::size_t i = first; i < first + n; ++i) {
       if (c.is_ready(i)) continue;
       if (c.pages[i] != 0) {
-        const page_ref& there = homes.at(c.pages[i]).primary;
+        const page_ref there = homes.at(c.pages[i]).primary.load();
         if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           take_back(c, i);
           continue;
@@ -266,7 +305,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
       a.slots.push(best);  // memory is short: it waits, with what it got
       return nullptr;
     }
-    return hand_out(best);
+    return hand_out(a, best, r.requested);
   }
   // 2. A new slot, its pages frugal first.
   block* s = new_slot(a, r.size, lock);
@@ -294,7 +333,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     a.slots.push(s);
     return nullptr;
   }
-  return hand_out(s);
+  return hand_out(a, s, r.requested);
 }
 
 }  // namespace gpumem

@@ -36,8 +36,30 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // Where a physical page (a handle) is mapped: its one primary place, where a
   // block may use it (none while it moves), and its aliases, older places where
   // it is still mapped (Note [Pages under the blocks]).
+  // A page_ref read and written as two relaxed atomics. Written only by a holder
+  // of the growth mutex (exclusive), or, under it shared, of the lock of the
+  // arena the place is in (a swap: Note [Reusing a slot under the shared growth
+  // mutex]); read under the shared mutex by other arenas, which look only at
+  // whether the place is theirs (its chunk's owner), so a torn pair is harmless.
+  struct shared_page_ref {
+    std::atomic<chunk*> c{nullptr};
+    std::atomic<std::size_t> index{0};
+    shared_page_ref() = default;
+    shared_page_ref(const shared_page_ref& o) : c(o.c.load(std::memory_order_relaxed)), index(o.index.load(std::memory_order_relaxed)) {}
+    shared_page_ref& operator=(const shared_page_ref& o) {
+      store(o.load());
+      return *this;
+    }
+    page_ref load() const noexcept {
+      return {c.load(std::memory_order_relaxed), index.load(std::memory_order_relaxed)};
+    }
+    void store(page_ref r) noexcept {
+      c.store(r.c, std::memory_order_relaxed);
+      index.store(r.index, std::memory_order_relaxed);
+    }
+  };
   struct page_home {
-    page_ref primary;
+    shared_page_ref primary;
     std::vector<page_ref> aliases;
     std::uint64_t rank = 0;  // the order handles were made in
   };
@@ -52,6 +74,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t give_back(bool device_synchronized) override;
   void before_last_growth() override {}  // the growth after the synchronisation takes every free page
   void* allocate_slot(arena& a, const detail::pool_request& r) override;
+  void* reuse_slot(arena& a, const detail::pool_request& r) override;
   std::string shortage(std::size_t requested) override;
   std::size_t largest_possible() const override { return maximum; }
 
@@ -87,6 +110,11 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   bool usable(arena& a, const block* s);
   // allocate_slot's work: a usable or repaired free slot, else a new one.
   void* find_slot(arena& a, const detail::pool_request& r);
+  // The free slot of `size` that needs swaps only, swapped and out of the
+  // cache, or null (a's lock held; the growth mutex, shared at least).
+  block* take_usable(arena& a, std::size_t size);
+  // Hands out the slot `s` (a's lock held).
+  void* hand_out(arena& a, block* s, std::size_t requested);
   // Takes up to `count` pages of a's free slots, whole slots first (the one of
   // the size left, else the smallest that covers it, else the largest).
   std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "pool/pool_inspector.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -64,8 +66,8 @@ std::size_t training_step(vmm_pool_resource& pool, std::size_t g, std::size_t le
 // A step of a program whose large requests come in a few sizes and live for
 // varied spans, the same at every call (a fixed seed): which free slot of a size
 // serves a request matters here, as several of each size are free at once.
-std::size_t mixed_step(vmm_pool_resource& pool, std::size_t g, stream& s) {
-  std::uint64_t seed = 0x9E3779B97F4A7C15ULL;
+std::size_t mixed_step(vmm_pool_resource& pool, std::size_t g, stream& s, std::uint64_t seed = 0x9E3779B97F4A7C15ULL,
+                       bool check_memory = false) {
   auto next = [&](std::uint64_t n) {
     seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
     return (seed >> 33) % n;
@@ -83,6 +85,11 @@ std::size_t mixed_step(vmm_pool_resource& pool, std::size_t g, stream& s) {
     } else {
       const std::size_t bytes = pages[next(5)] * g - next(2) * g / 2;
       live_now.push_back({pool.allocate(bytes, s), bytes});
+      if (check_memory && op % 16 == 0) {
+        const auto value = static_cast<std::uint8_t>(op);
+        device_fill(live_now.back().p, bytes, value, s);
+        EXPECT_EQ(device_count_mismatches(live_now.back().p, bytes, value, s), 0U) << "op " << op;
+      }
       live += bytes;
       peak = std::max(peak, live);
     }
@@ -106,6 +113,27 @@ TEST_F(VmmPoolSlots, AProgramThatRepeatsSettles) {
   }
   EXPECT_LE(after.back().peak_mapped_bytes, peak_live + peak_live / 8);
   s.synchronize();
+}
+
+TEST_F(VmmPoolSlots, ThreadsOfTheirOwnStreamsReuseSlotsAtOnce) {
+  // Note [Reusing a slot under the shared growth mutex]: slots that need swaps
+  // only are taken under the growth mutex held shared, by several threads at
+  // once; new slots and moves still hold it alone. Every allocation holds what
+  // was written to it, and every invariant holds at the end.
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  constexpr int threads = 4;
+  std::vector<std::thread> team;
+  for (int t = 0; t < threads; ++t) {
+    team.emplace_back([&, t] {
+      stream mine(0);
+      for (int cycle = 0; cycle < 3; ++cycle) mixed_step(pool, g, mine, 0x51ED + t, cycle == 2);
+      mine.synchronize();
+    });
+  }
+  for (std::thread& th : team) th.join();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  EXPECT_GT(pool.statistics().pages_revived, 0U) << "some slots were taken by swapping";
 }
 
 TEST_F(VmmPoolSlots, ALoopWhoseStepsVarySettles) {
