@@ -32,11 +32,14 @@ struct block {
   // vacant addresses of a segment of slots (in no index, never handed out).
   bool slot = false;
   bool vacant = false;
-  // Slots only: the arena's count of slot hand-outs when this one was last
-  // handed out, unique in the arena, so a record reused for another slot never
-  // repeats it (chunk::page_wait).
+  // Slots only: the slot's use word (chunk::page_wait): the arena's count of
+  // slot hand-outs when it was last handed out (unique in the arena, so a
+  // record reused for another slot never repeats it), with slot_freed set once
+  // it is freed.
   std::uint64_t uses = 0;
 };
+
+inline constexpr std::uint64_t slot_freed = std::uint64_t{1} << 63;
 
 struct chunk {
   std::uintptr_t base = 0;
@@ -56,18 +59,21 @@ struct chunk {
   std::vector<std::uint32_t> busy;
   std::vector<const block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
   std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0 (not kept in slot segments)
-  std::vector<std::uint32_t> busy_spans;  // how many times busy rose from 0 (not kept in slot segments)
-  // Segments of slots: per page of a free slot that cannot be used, the page in
-  // use that holds its handle, and the mark of that use (Note [Slots for large
-  // requests]): the slot of that page and its `uses`, or the busy span there.
-  // `index` == no_handle: the page has no handle (until the slot is remapped);
-  // `at` null: nothing known.
+  // Odd while busy: one more each time busy rises from 0 and falls back to 0
+  // (chunk::page_wait; not kept in slot segments).
+  std::vector<std::uint64_t> busy_marks;
+  // Segments of slots: per page of a free slot that cannot be used, what keeps
+  // its handle from it, as a word and the value it had (Note [Slots for large
+  // requests]): while the word keeps that value, the slot still cannot be used.
+  // The word is the busy mark of the page in use that holds the handle, the use
+  // word of the live slot there (block::uses), or never_changes for a page
+  // without a handle (until the slot is remapped). Null: nothing known.
   struct page_wait {
-    static constexpr std::size_t no_handle = ~std::size_t{0};
-    const chunk* at = nullptr;
-    std::size_t index = 0;
+    const std::uint64_t* word = nullptr;
     std::uint64_t mark = 0;
+    bool holds() const noexcept { return word != nullptr && *word == mark; }
   };
+  static constexpr std::uint64_t never_changes = 1;
   std::vector<page_wait> waits;
   bool for_slots = false;                // a segment of slots and vacant addresses
 
@@ -97,26 +103,16 @@ struct chunk {
   }
 };
 
-// Whether the free slot `s` (whole pages of 2^page_shift bytes) still cannot be
-// used: a page of it is one whose wait still holds (the same live slot, or the
-// same span of busy blocks, over the page that has its handle; or no handle).
-// False means not known. Under the arena's lock.
-inline bool still_waits(const block* s, unsigned page_shift) noexcept {
+// A wait of the free slot `s` (whole pages of 2^page_shift bytes) that still
+// holds, so that s cannot be used; null when none is known to. Under the arena's lock.
+inline const chunk::page_wait* wait_that_holds(const block* s, unsigned page_shift) noexcept {
   const chunk& c = *s->owner;
   const std::size_t first = (s->address - c.base) >> page_shift;
   const std::size_t end = first + (s->size >> page_shift);
   for (std::size_t i = first; i < end; ++i) {
-    const chunk::page_wait& w = c.waits[i];
-    if (w.at == nullptr) continue;
-    if (w.index == chunk::page_wait::no_handle) return true;
-    if (w.at->for_slots) {
-      const block* y = w.at->slot_at[w.index];
-      if (y != nullptr && !y->cached && y->uses == w.mark) return true;
-    } else if (w.at->busy[w.index] != 0 && w.at->busy_spans[w.index] == w.mark) {
-      return true;
-    }
+    if (c.waits[i].holds()) return &c.waits[i];
   }
-  return false;
+  return nullptr;
 }
 
 // Allocates block records without touching the heap on the hot path.

@@ -39,7 +39,7 @@ class free_slots {
 
   void push(block* b) {
     row& r = find_or_make(b->size);
-    const item x{b->address, b};
+    const item x{b->address, b, {}};
     r.insert(std::upper_bound(r.begin(), r.end(), x, higher_address), x);
     ++count_;
     bytes_ += b->size;
@@ -49,7 +49,7 @@ class free_slots {
   void remove(block* b) noexcept {
     row* r = find(b->size);
     if (r == nullptr) return;
-    auto it = std::lower_bound(r->begin(), r->end(), item{b->address, b}, higher_address);
+    auto it = std::lower_bound(r->begin(), r->end(), item{b->address, b, {}}, higher_address);
     if (it == r->end() || it->b != b) return;
     r->erase(it);
     --count_;
@@ -57,37 +57,28 @@ class free_slots {
   }
 
   // Removes and returns the free slot of exactly `size` bytes at the lowest
-  // address that `accept` takes, or null. Visits in address order until one is
-  // taken; the ones passed over stay.
+  // address that `accept` takes, or null. Visits in address order, past the
+  // slots that still wait (waiting), until one is taken; the others stay.
   template <class F>
-  block* pop_lowest_accepted(std::size_t size, F&& accept) {
+  block* pop_lowest_accepted(std::size_t size, unsigned page_shift, F&& accept) {
     row* r = find(size);
     if (r == nullptr) return nullptr;
     for (auto it = r->rbegin(); it != r->rend(); ++it) {
-      if (!accept(it->b)) continue;
-      block* b = it->b;
-      r->erase(std::next(it).base());
-      --count_;
-      bytes_ -= size;
-      return b;
+      if (waiting(*it, page_shift) || !accept(it->b)) continue;
+      return take(*r, std::next(it).base());
     }
     return nullptr;
   }
 
   // Removes and returns the free slot of exactly `size` bytes at the lowest
-  // address past those that `pass` skips, when `take` takes it; else null.
-  template <class Pass, class Take>
-  block* pop_first_past(std::size_t size, Pass&& pass, Take&& take) {
+  // address past the slots that still wait, when `ready` takes it; else null.
+  template <class F>
+  block* pop_first_ready(std::size_t size, unsigned page_shift, F&& ready) {
     row* r = find(size);
     if (r == nullptr) return nullptr;
     for (auto it = r->rbegin(); it != r->rend(); ++it) {
-      if (pass(it->b)) continue;
-      if (!take(it->b)) return nullptr;
-      block* b = it->b;
-      r->erase(std::next(it).base());
-      --count_;
-      bytes_ -= size;
-      return b;
+      if (waiting(*it, page_shift)) continue;
+      return ready(it->b) ? take(*r, std::next(it).base()) : nullptr;
     }
     return nullptr;
   }
@@ -128,12 +119,29 @@ class free_slots {
   // A size's free slots, highest address first, each with its address beside it
   // (ordering them reads no block): the lowest is taken from the end and mostly
   // put back there, and a slot freed is placed by a binary search.
+  // A free slot, its address, and the wait of it last seen to hold (chunk::
+  // page_wait), checked first: one load while it still holds.
   struct item {
     std::uintptr_t address;
     block* b;
+    chunk::page_wait wait{};
   };
   using row = std::vector<item>;
   static bool higher_address(const item& x, const item& y) noexcept { return x.address > y.address; }
+  // Whether the slot of `x` still cannot be used, as far as its recorded waits tell.
+  static bool waiting(item& x, unsigned page_shift) noexcept {
+    if (x.wait.holds()) return true;
+    const chunk::page_wait* w = wait_that_holds(x.b, page_shift);
+    x.wait = w != nullptr ? *w : chunk::page_wait{};
+    return w != nullptr;
+  }
+  block* take(row& r, row::iterator at) noexcept {
+    block* b = at->b;
+    r.erase(at);
+    --count_;
+    bytes_ -= b->size;
+    return b;
+  }
   struct entry {
     std::size_t size = 0;
     row r;

@@ -244,7 +244,7 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
     } else {
       c->busy.assign(n, 0);
       c->freed_at.assign(n, 0);
-      c->busy_spans.assign(n, 0);
+      c->busy_marks.assign(n, 0);
     }
   }
   chunk* raw = c.get();
@@ -371,11 +371,10 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   const pool_request r{.size = size, .requested = bytes, .alignment = page, .need = size};
   {
     // The lowest-addressed free slot that is ready, past those that still wait
-    // for a live slot (Note [Slots for large requests]): the backing's choice,
+    // on a page in use (Note [Slots for large requests]): the backing's choice,
     // made here without the growth mutex. A slot that is neither goes to the backing.
     std::lock_guard lock(a.lock);
-    block* b = a.slots.pop_first_past(size, [&](const block* s) { return still_waits(s, page_shift); },
-                                      [&](const block* s) { return pages_ready(s); });
+    block* b = a.slots.pop_first_ready(size, page_shift, [&](const block* s) { return pages_ready(s); });
     if (b != nullptr) {
       take_cached(a, b, bytes);
       b->uses = ++a.slot_handouts;
@@ -401,6 +400,7 @@ void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch)
   if (b->slot) {
     b->free_epoch = epoch;
     b->cached = true;
+    b->uses |= slot_freed;
     a.live.insert(b->address, b);
     a.slots.push(b);
     return;

@@ -323,12 +323,15 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   if (b->slot) return;
   if (delta > 0) {
     for (std::size_t i = first; i <= last; ++i) {
-      if (c.busy[i]++ == 0) ++c.busy_spans[i];
+      if (c.busy[i]++ == 0) ++c.busy_marks[i];
     }
   } else {
     const std::uint64_t now = c.owner->frees;
     for (std::size_t i = first; i <= last; ++i) {
-      if (--c.busy[i] == 0) c.freed_at[i] = now;
+      if (--c.busy[i] == 0) {
+        c.freed_at[i] = now;
+        ++c.busy_marks[i];
+      }
     }
   }
 }
@@ -368,6 +371,7 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
   if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
   if (b->slot) {
     b->cached = true;  // stays in `live`, as a quick-cached block does
+    b->uses |= slot_freed;
     a.slots.push(b);
   } else if (settings.quick_cache && a.quick.push(b)) {
     b->cached = true;  // stays in `live` so the next allocation of its size skips the map

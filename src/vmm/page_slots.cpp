@@ -92,17 +92,18 @@ bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
     if (use_of(a, c, i) != page_use::conflict) continue;
     ok = false;
     // What keeps the page's handle from this slot, when the arena's lock alone
-    // can tell that it still does (still_waits): a busy page of this arena, or
-    // no handle at all. A handle in another arena or on its way is not known.
+    // can tell that it still does (chunk::page_wait): a busy page or a live
+    // slot of this arena, or no handle at all. A handle in another arena or on
+    // its way is not known.
     if (c.pages[i] == 0) {
-      w = {&c, chunk::page_wait::no_handle, 0};
+      w = {&chunk::never_changes, chunk::never_changes};
       continue;
     }
     const page_ref there = homes.at(c.pages[i]).primary.load();
     if (there.c == nullptr || there.c->owner != &a) continue;
-    w.at = there.c;
-    w.index = there.index;
-    w.mark = there.c->for_slots ? there.c->slot_at[there.index]->uses : there.c->busy_spans[there.index];
+    const std::uint64_t* word =
+        there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->busy_marks[there.index];
+    w = {word, *word};
   }
   return ok;
 }
@@ -250,8 +251,7 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, s
   // a loop makes it the same way at every step (the hot paths take the
   // lowest-addressed free slot past those that wait only when it is ready: the
   // same choice). Its aliases take their handles back: swaps, no driver call.
-  block* s = a.slots.pop_lowest_accepted(
-      size, [&](const block* y) { return !detail::still_waits(y, pool.page_shift) && usable(a, y); });
+  block* s = a.slots.pop_lowest_accepted(size, pool.page_shift, [&](const block* y) { return usable(a, y); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
