@@ -2,8 +2,8 @@
 # logs in bench/traces) with --plot and --json, then checks that it exited 0,
 # that every chart is a complete SVG with a line in it, that the JSON names
 # both workloads, and that the default resource keeps W5's memory ceiling on
-# every log (peak reserved / peak live <= 1.30, the logs above the 1.10 target
-# listed; no allocation failed with 1.10 x the peak live bytes free), and that no
+# every log (peak reserved / peak live <= 1.10, data-pipeline <= 1.20 and listed;
+# no allocation failed with 1.10 x the peak live bytes free), and that no
 # row reserved less than the peak live bytes; then W8,
 # whose cells the simulator skips. Run by
 # ctest with GPUMEM_BACKEND=sim; BENCH and OUT are given.
@@ -90,15 +90,17 @@ foreach(w RANGE ${last_workload})
         message(FATAL_ERROR "W5 ${group}, ${log}: the default resource's cell is ${status}")
       endif()
       string(JSON value GET "${json}" workloads ${w} subjects ${s} results ${c} median)
-      # The target is 1.10. Logs whose streams work at the same time miss it: each
-      # stream keeps what it freed while it is busy (Note [Pages, frugal first],
-      # src/vmm/page_backing.cpp), so the pool holds about the sum of the streams'
-      # peaks, 1.17 for data-pipeline; and Note [A time budget for moves] buys up
-      # to 1/4 of the peak where moves cost time, which depends on the host's
-      # speed (1.14-1.20 for vision-multiscale here; docs/benchmarks.md). 1.30 is
-      # the ceiling a change must not cross; the misses are listed.
-      if(group STREQUAL "peak reserved / peak live" AND value GREATER 1.30)
-        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (ceiling 1.30, target 1.10)")
+      # The target is 1.10, held on every log but data-pipeline: its streams work at
+      # the same time, and each keeps what it freed while it is busy (Note [Pages,
+      # frugal first], src/vmm/page_backing.cpp), so the pool holds about the sum
+      # of the streams' own peaks, 1.16 x the peak of their sum (docs/benchmarks.md).
+      # Its ceiling is 1.20, and the miss is listed.
+      set(ceiling 1.10)
+      if(log STREQUAL "data-pipeline")
+        set(ceiling 1.20)
+      endif()
+      if(group STREQUAL "peak reserved / peak live" AND value GREATER ${ceiling})
+        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (ceiling ${ceiling}, target 1.10)")
       elseif(group STREQUAL "peak reserved / peak live" AND value GREATER 1.10)
         message(STATUS "W5 ${log}: the default resource reserved ${value} x the peak live bytes: above the 1.10 target")
       elseif(group MATCHES "^failed allocations" AND value GREATER 0)

@@ -45,7 +45,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
     std::atomic<chunk*> c{nullptr};
     std::atomic<std::size_t> index{0};
     shared_page_ref() = default;
-    shared_page_ref(const shared_page_ref& o) : c(o.c.load(std::memory_order_relaxed)), index(o.index.load(std::memory_order_relaxed)) {}
+    shared_page_ref(const shared_page_ref& o)
+        : c(o.c.load(std::memory_order_relaxed)), index(o.index.load(std::memory_order_relaxed)) {}
     shared_page_ref& operator=(const shared_page_ref& o) {
       store(o.load());
       return *this;
