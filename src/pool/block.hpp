@@ -12,6 +12,7 @@ namespace gpumem::detail {
 
 struct arena;
 struct chunk;
+struct page_home;  // vmm_pool_resource's record of a handle (src/vmm/vmm_pool_impl.hpp)
 
 struct block {
   std::uintptr_t address = 0;
@@ -55,6 +56,7 @@ struct chunk {
   //          instead (slot_at), so that taking and freeing a slot touches no
   //          per-page record (W1's large column). Read it with page_busy(i).
   std::vector<std::uint64_t> pages;
+  std::vector<page_home*> home_at;  // the record of the handle in `pages` (null: none)
   std::vector<std::uint64_t> ready;
   std::vector<std::uint32_t> busy;
   std::vector<const block*> slot_at;  // segments of slots: the slot over each page (null: vacant)

@@ -137,12 +137,14 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
       for (std::size_t i = 0; i < c->pages.size(); ++i) {
         if (c->pages[i] == 0) {
           if (c->is_ready(i)) return "a page without a handle is marked ready";
+          if (c->home_at[i] != nullptr) return "a page without a handle points at a handle's record";
           continue;
         }
         ++places;
         auto it = m.homes.find(c->pages[i]);
         if (it == m.homes.end()) return "a mapped page's handle is not among the pool's handles";
         const impl::page_home& h = it->second;
+        if (c->home_at[i] != &it->second) return "a mapped page does not point at its handle's record";
         const impl::page_ref here{c, i};
         const bool listed_alias = std::find(h.aliases.begin(), h.aliases.end(), here) != h.aliases.end();
         if (c->is_ready(i)) {

@@ -237,6 +237,7 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
   if (page_bytes != 0) {
     const std::size_t n = bytes / page_bytes;
     c->pages.assign(n, 0);
+    c->home_at.assign(n, nullptr);
     c->ready.assign((n + 63) / 64, 0);
     if (for_slots) {
       c->slot_at.assign(n, nullptr);

@@ -165,7 +165,7 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
 }
 
 void vmm_pool_resource::impl::take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out) {
-  page_home& h = homes.at(c.pages[i]);
+  page_home& h = *c.home_at[i];
   h.aliases.push_back({&c, i});
   h.primary.store({});  // moving: map_pages gives it its new place
   c.set_ready(i, false);
@@ -175,9 +175,10 @@ void vmm_pool_resource::impl::take_page(arena& s, chunk& c, std::size_t i, std::
 
 void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
   vm::unmap(pool.device, c.base + i * page, page);
-  auto& aliases = homes.at(c.pages[i]).aliases;
+  auto& aliases = c.home_at[i]->aliases;
   aliases.erase(std::find(aliases.begin(), aliases.end(), page_ref{&c, i}));
   c.pages[i] = 0;
+  c.home_at[i] = nullptr;
 }
 
 // Note [A mapping the driver has no memory for]
@@ -241,6 +242,7 @@ bool vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
     c.pages[first + k] = handles[from + k];
     c.set_ready(first + k, true);
     page_home& h = homes[handles[from + k]];
+    c.home_at[first + k] = &h;
     if (h.rank == 0) h.rank = ++handles_made;
     h.primary.store({&c, first + k});
   }
@@ -284,15 +286,10 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
     for (std::size_t i = first; i <= last; ++i) {
       if (c.is_ready(i)) continue;
       if (c.pages[i] != 0) {
-        page_home& h = homes.at(c.pages[i]);
-        const page_ref there = h.primary.load();
+        const page_ref there = c.home_at[i]->primary.load();
         // 1. Take the page back from a free place of this arena: a swap.
         if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
-          there.c->set_ready(there.index, false);
-          *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
-          h.primary.store({&c, i});
-          c.set_ready(i, true);
-          ++pages_revived;
+          take_back(c, i);
           continue;
         }
         // 2. The alias goes, once the free that ended its last use is settled: if
@@ -347,11 +344,12 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
     for (std::size_t i = span.first; i < span.end && released + page <= at_most; ++i) {
       if (!c.is_ready(i)) continue;
       const std::uint64_t h = c.pages[i];
-      if (!homes.at(h).aliases.empty()) continue;  // mapped elsewhere too: reap_aliases first
+      if (!c.home_at[i]->aliases.empty()) continue;  // mapped elsewhere too: reap_aliases first
       vm::unmap(pool.device, c.base + i * page, page);
       vm::release(pool.device, h);
       homes.erase(h);
       c.pages[i] = 0;
+      c.home_at[i] = nullptr;
       c.set_ready(i, false);
       s.reserved_bytes -= page;
       pool.reserved_bytes -= page;

@@ -65,7 +65,7 @@ constexpr std::size_t max_free_slots_of_a_size = 64;
 vmm_pool_resource::impl::page_use vmm_pool_resource::impl::use_of(arena& a, const chunk& c, std::size_t i) const {
   if (c.is_ready(i)) return page_use::ready;
   if (c.pages[i] == 0) return page_use::conflict;
-  const page_ref there = homes.at(c.pages[i]).primary.load();
+  const page_ref there = c.home_at[i]->primary.load();
   if (there.c == nullptr || there.c->owner != &a || there.c->page_busy(there.index)) return page_use::conflict;
   return page_use::swap;
 }
@@ -99,7 +99,7 @@ bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
       w = {&chunk::never_changes, chunk::never_changes};
       continue;
     }
-    const page_ref there = homes.at(c.pages[i]).primary.load();
+    const page_ref there = c.home_at[i]->primary.load();
     if (there.c == nullptr || there.c->owner != &a) continue;
     const std::uint64_t* word =
         there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->busy_marks[there.index];
@@ -109,7 +109,7 @@ bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
 }
 
 void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
-  page_home& h = homes.at(c.pages[i]);
+  page_home& h = *c.home_at[i];
   const page_ref there = h.primary.load();
   there.c->set_ready(there.index, false);
   *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
@@ -290,7 +290,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     for (std::size_t i = first; i < first + n; ++i) {
       if (c.is_ready(i)) continue;
       if (c.pages[i] != 0) {
-        const page_ref there = homes.at(c.pages[i]).primary.load();
+        const page_ref there = c.home_at[i]->primary.load();
         if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           take_back(c, i);
           continue;

@@ -22,48 +22,56 @@
 
 namespace gpumem {
 
+namespace detail {
+
+// A page of a segment: its chunk and index.
+struct page_ref {
+  chunk* c = nullptr;
+  std::size_t index = 0;
+  bool operator==(const page_ref&) const = default;
+};
+
+// A page_ref read and written as two relaxed atomics. Written only by a holder
+// of the growth mutex (exclusive), or, under it shared, of the lock of the
+// arena the place is in (a swap: Note [Reusing a slot under the shared growth
+// mutex]); read under the shared mutex by other arenas, which look only at
+// whether the place is theirs (its chunk's owner), so a torn pair is harmless.
+struct shared_page_ref {
+  std::atomic<chunk*> c{nullptr};
+  std::atomic<std::size_t> index{0};
+  shared_page_ref() = default;
+  shared_page_ref(const shared_page_ref& o)
+      : c(o.c.load(std::memory_order_relaxed)), index(o.index.load(std::memory_order_relaxed)) {}
+  shared_page_ref& operator=(const shared_page_ref& o) {
+    store(o.load());
+    return *this;
+  }
+  page_ref load() const noexcept { return {c.load(std::memory_order_relaxed), index.load(std::memory_order_relaxed)}; }
+  void store(page_ref r) noexcept {
+    c.store(r.c, std::memory_order_relaxed);
+    index.store(r.index, std::memory_order_relaxed);
+  }
+};
+
+// Where a physical page (a handle) is mapped: its one primary place, where a
+// block may use it (none while it moves), and its aliases, older places where
+// it is still mapped (Note [Pages under the blocks]). Each place's chunk points
+// at it (chunk::home_at), so the pages' paths never look a handle up.
+struct page_home {
+  shared_page_ref primary;
+  std::vector<page_ref> aliases;
+  std::uint64_t rank = 0;  // the order handles were made in
+};
+
+}  // namespace detail
+
 struct vmm_pool_resource::impl final : detail::pool_backing {
   using arena = detail::arena;
   using block = detail::block;
   using chunk = detail::chunk;
 
-  // A page of a segment: its chunk and index.
-  struct page_ref {
-    chunk* c = nullptr;
-    std::size_t index = 0;
-    bool operator==(const page_ref&) const = default;
-  };
-  // Where a physical page (a handle) is mapped: its one primary place, where a
-  // block may use it (none while it moves), and its aliases, older places where
-  // it is still mapped (Note [Pages under the blocks]).
-  // A page_ref read and written as two relaxed atomics. Written only by a holder
-  // of the growth mutex (exclusive), or, under it shared, of the lock of the
-  // arena the place is in (a swap: Note [Reusing a slot under the shared growth
-  // mutex]); read under the shared mutex by other arenas, which look only at
-  // whether the place is theirs (its chunk's owner), so a torn pair is harmless.
-  struct shared_page_ref {
-    std::atomic<chunk*> c{nullptr};
-    std::atomic<std::size_t> index{0};
-    shared_page_ref() = default;
-    shared_page_ref(const shared_page_ref& o)
-        : c(o.c.load(std::memory_order_relaxed)), index(o.index.load(std::memory_order_relaxed)) {}
-    shared_page_ref& operator=(const shared_page_ref& o) {
-      store(o.load());
-      return *this;
-    }
-    page_ref load() const noexcept {
-      return {c.load(std::memory_order_relaxed), index.load(std::memory_order_relaxed)};
-    }
-    void store(page_ref r) noexcept {
-      c.store(r.c, std::memory_order_relaxed);
-      index.store(r.index, std::memory_order_relaxed);
-    }
-  };
-  struct page_home {
-    shared_page_ref primary;
-    std::vector<page_ref> aliases;
-    std::uint64_t rank = 0;  // the order handles were made in
-  };
+  using page_ref = detail::page_ref;
+  using page_home = detail::page_home;
 
   impl(int device, vmm_pool_options opt);
   ~impl() override;
