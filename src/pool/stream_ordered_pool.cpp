@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <system_error>
 #include <tuple>
 
 #include "driver/driver.hpp"
@@ -46,6 +47,33 @@ stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_p
     page_shift = static_cast<unsigned>(std::countr_zero(settings.page_bytes));
   }
 }
+
+growth_mutex_type::growth_mutex_type() {
+  pthread_rwlockattr_t attributes;
+  pthread_rwlockattr_init(&attributes);
+  pthread_rwlockattr_setkind_np(&attributes, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  const int rc = pthread_rwlock_init(&lock_, &attributes);
+  pthread_rwlockattr_destroy(&attributes);
+  if (rc != 0) throw std::system_error(rc, std::generic_category(), "gpumem: the pool's growth mutex");
+}
+
+growth_mutex_type::~growth_mutex_type() { pthread_rwlock_destroy(&lock_); }
+
+void growth_mutex_type::lock() {
+  if (const int rc = pthread_rwlock_wrlock(&lock_); rc != 0) {
+    throw std::system_error(rc, std::generic_category(), "gpumem: the pool's growth mutex");
+  }
+}
+
+void growth_mutex_type::unlock() noexcept { pthread_rwlock_unlock(&lock_); }
+
+void growth_mutex_type::lock_shared() {
+  if (const int rc = pthread_rwlock_rdlock(&lock_); rc != 0) {
+    throw std::system_error(rc, std::generic_category(), "gpumem: the pool's growth mutex");
+  }
+}
+
+void growth_mutex_type::unlock_shared() noexcept { pthread_rwlock_unlock(&lock_); }
 
 bool pool_backing::make_ready(arena&, block*) { return true; }
 

@@ -19,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <pthread.h>
+
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -105,6 +107,27 @@ struct pool_totals {
   std::size_t allocations = 0;
   std::size_t chunks = 0;
   std::size_t streams = 0;
+};
+
+// The growth mutex: held exclusively to grow and give back, shared only to
+// reuse a slot. A read-write lock that prefers writers: one that prefers
+// readers (std::shared_mutex on glibc) lets new shared holders in past a
+// waiting exclusive one, so threads that keep reusing slots would starve a
+// thread that must grow or trim (docs/vmm.md, "Slots"). Shared holds are never
+// nested, as a writer-preferring lock requires.
+class growth_mutex_type {
+ public:
+  growth_mutex_type();
+  ~growth_mutex_type();
+  growth_mutex_type(const growth_mutex_type&) = delete;
+  growth_mutex_type& operator=(const growth_mutex_type&) = delete;
+  void lock();
+  void unlock() noexcept;
+  void lock_shared();
+  void unlock_shared() noexcept;
+
+ private:
+  pthread_rwlock_t lock_;
 };
 
 class stream_ordered_pool {
@@ -235,7 +258,7 @@ class stream_ordered_pool {
 
   // Serialises growing and giving back; held shared only to reuse a slot
   // (Note [Reusing a slot under the shared growth mutex], src/vmm/page_slots.cpp).
-  std::shared_mutex growth_mutex;
+  growth_mutex_type growth_mutex;
   std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
 };

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <thread>
@@ -136,7 +137,10 @@ TEST_P(TryNow, ThreadsMixingBothKindsKeepThePoolConsistent) {
     while (!stop.load()) {
       if (auto* v = dynamic_cast<vmm_pool_resource*>(&mr)) v->trim();
       if (auto* q = dynamic_cast<pool_resource*>(&mr)) q->trim();
-      std::this_thread::yield();
+      // A pause, as a program trims between steps: trimming back to back would
+      // hold the growth mutex nearly always, and the pool lets a thread that
+      // waits for it exclusively go before new shared holders.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
   std::vector<std::thread> threads;
