@@ -12,6 +12,8 @@
 // Read arena.hpp's Note [Fencing frees on demand] first.
 #pragma once
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -19,8 +21,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <pthread.h>
-
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
