@@ -117,10 +117,10 @@ class free_slots {
 
  private:
   // A size's free slots, highest address first, each with its address beside it
-  // (ordering them reads no block): the lowest is taken from the end and mostly
-  // put back there, and a slot freed is placed by a binary search.
-  // A free slot, its address, and the wait of it last seen to hold (chunk::
-  // page_wait), checked first: one load while it still holds.
+  // (ordering them reads no block) and the wait of it last seen to hold (chunk::
+  // page_wait), checked first: one load while it still holds. The lowest is
+  // taken from the end and mostly put back there; a slot freed is placed by a
+  // binary search.
   struct item {
     std::uintptr_t address;
     block* b;

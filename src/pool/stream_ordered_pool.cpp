@@ -405,8 +405,7 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
     std::lock_guard lock(a.lock);
     block* b = a.slots.pop_first_ready(size, page_shift, [&](const block* s) { return pages_ready(s); });
     if (b != nullptr) {
-      take_cached(a, b, bytes);
-      b->uses = ++a.slot_handouts;
+      take_slot(a, b, bytes);
       return reinterpret_cast<void*>(b->address);
     }
   }
@@ -428,10 +427,8 @@ void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch)
   if (page_shift != 0) add_busy(b, -1);
   if (b->slot) {
     b->free_epoch = epoch;
-    b->cached = true;
-    b->uses |= slot_freed;
     a.live.insert(b->address, b);
-    a.slots.push(b);
+    cache_slot(a, b);
     return;
   }
   free_into(a, b, epoch);

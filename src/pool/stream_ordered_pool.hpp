@@ -171,6 +171,11 @@ class stream_ordered_pool {
   void free_into(arena& a, block* b, std::uint64_t epoch);
   // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`.
   void take_cached(arena& a, block* b, std::size_t bytes) noexcept;
+  // The same for a slot just taken from a's free slots: it also gets its use
+  // word (block::uses), which the waits of other slots compare against.
+  void take_slot(arena& a, block* s, std::size_t bytes) noexcept;
+  // Puts the slot `s`, just freed, into a's free slots, marking its use word freed.
+  void cache_slot(arena& a, block* s);
   // Frees `b`, a live block of `a` at `address`, into the caches or the index
   // (not counted toward fences: note_free does that).
   void free_live(arena& a, block* b, std::uintptr_t address);
@@ -299,8 +304,7 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
       block* s = a.slots.peek(slot_size);
       if (s != nullptr && pages_ready(s)) [[likely]] {
         a.slots.pop(slot_size);
-        take_cached(a, s, bytes);
-        s->uses = ++a.slot_handouts;
+        take_slot(a, s, bytes);
         return reinterpret_cast<void*>(s->address);
       }
     }
@@ -333,6 +337,17 @@ inline void stream_ordered_pool::take_cached(arena& a, block* b, std::size_t byt
   b->requested_bytes = bytes;
   a.used_bytes += b->size;
   if (page_shift != 0) add_busy(b, 1);
+}
+
+inline void stream_ordered_pool::take_slot(arena& a, block* s, std::size_t bytes) noexcept {
+  take_cached(a, s, bytes);
+  s->uses = ++a.slot_handouts;
+}
+
+inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
+  s->cached = true;  // stays in `live`, as a quick-cached block does
+  s->uses |= slot_freed;
+  a.slots.push(s);
 }
 
 inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
@@ -393,9 +408,7 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
   b->free_epoch = ++a.frees;
   if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
   if (b->slot) {
-    b->cached = true;  // stays in `live`, as a quick-cached block does
-    b->uses |= slot_freed;
-    a.slots.push(b);
+    cache_slot(a, b);
   } else if (settings.quick_cache && a.quick.push(b)) {
     b->cached = true;  // stays in `live` so the next allocation of its size skips the map
   } else {
@@ -447,8 +460,7 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
     block* s = a.slots.peek((bytes + page - 1) / page * page);
     if (s == nullptr || !pages_ready(s)) return nullptr;
     a.slots.pop(s->size);
-    take_cached(a, s, bytes);
-    s->uses = ++a.slot_handouts;
+    take_slot(a, s, bytes);
     return reinterpret_cast<void*>(s->address);
   }
   const std::size_t size = (bytes + granule - 1) & ~(granule - 1);

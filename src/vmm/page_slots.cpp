@@ -235,12 +235,8 @@ void* vmm_pool_resource::impl::allocate_slot(arena& a, const detail::pool_reques
 }
 
 void* vmm_pool_resource::impl::hand_out(arena& a, block* s, std::size_t requested) {
-  if (!s->cached) a.live.insert(s->address, s);
-  s->cached = false;
-  s->uses = ++a.slot_handouts;
-  s->requested_bytes = requested;
-  a.used_bytes += s->size;
-  pool.add_busy(s, 1);
+  if (!s->cached) a.live.insert(s->address, s);  // a new slot
+  pool.take_slot(a, s, requested);
   return reinterpret_cast<void*>(s->address);
 }
 
