@@ -41,6 +41,10 @@ struct block {
 };
 
 inline constexpr std::uint64_t slot_freed = std::uint64_t{1} << 63;
+// Set in a busy mark or a slot's use word while a free slot's recorded wait
+// reads it: the change that clears it wakes the arena's free slots (Note
+// [Slots known to wait], src/pool/free_slots.hpp).
+inline constexpr std::uint64_t waited_on = std::uint64_t{1} << 62;
 
 struct chunk {
   std::uintptr_t base = 0;
@@ -51,19 +55,25 @@ struct chunk {
   // one entry per page of the chunk, guarded by the owner arena's lock:
   //   pages  the physical handle mapped there (0: none);
   //   ready  bit set where that handle's primary place is here (a block may use it);
-  //   busy   how many blocks that are not free (live, pending) touch it; in a
-  //          segment of slots, where a page is a slot's alone, kept per slot
-  //          instead (slot_at), so that taking and freeing a slot touches no
-  //          per-page record (W1's large column). Read it with page_busy(i).
+  //   uses   how many blocks that are not free (live, pending) touch it, and
+  //          more (page_uses); in a segment of slots, where a page is a slot's
+  //          alone, kept per slot instead (slot_at), so that taking and freeing
+  //          a slot touches no per-page record (W1's large column). Read it
+  //          with page_busy(i).
   std::vector<std::uint64_t> pages;
   std::vector<page_home*> home_at;  // the record of the handle in `pages` (null: none)
   std::vector<std::uint64_t> ready;
-  std::vector<std::uint32_t> busy;
-  std::vector<const block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
-  std::vector<std::uint64_t> freed_at;  // the owner's free count when busy last fell to 0 (not kept in slot segments)
-  // Odd while busy: one more each time busy rises from 0 and falls back to 0
-  // (chunk::page_wait; not kept in slot segments).
-  std::vector<std::uint64_t> busy_marks;
+  // What a page's blocks do, in one record so that a block taken or freed
+  // touches one cache line per page (W2).
+  struct page_uses {
+    // Odd while busy: one more each time busy rises from 0 and falls back to 0
+    // (chunk::page_wait).
+    std::uint64_t busy_mark = 0;
+    std::uint64_t freed_at = 0;  // the owner's free count when busy last fell to 0
+    std::uint32_t busy = 0;      // blocks that are not free (live, pending) over the page
+  };
+  std::vector<page_uses> uses;   // not kept in segments of slots
+  std::vector<block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
   // Segments of slots: per page of a free slot that cannot be used, what keeps
   // its handle from it, as a word and the value it had (Note [Slots for large
   // requests]): while the word keeps that value, the slot still cannot be used.
@@ -87,7 +97,7 @@ struct chunk {
       const block* s = slot_at[i];
       return s != nullptr && !s->cached;
     }
-    return busy[i] != 0;
+    return uses[i].busy != 0;
   }
   // Whether every page in [from, to] is ready: a word of the bitmap at a time.
   bool all_ready(std::size_t from, std::size_t to) const noexcept {

@@ -5,6 +5,20 @@
 // looked up in a small direct-mapped table, and in a map when two sizes share
 // an entry. Like the quick cache, a free slot stays in the arena's live map,
 // marked cached, so a second free of it is caught.
+//
+// Note [Slots known to wait]
+// A size's lowest free slots are often ones whose pages are in use elsewhere
+// (stitched into a later slot), and every request of the size would pass them
+// one by one, a load of their recorded wait each. Instead each row remembers
+// how many of its lowest slots were all seen waiting (known_waiting) and skips
+// them without a look, for as long as none of their waits can have ended.
+// A wait ends only when its word changes (chunk::page_wait): the busy mark of
+// a page in use falls back, or a live slot is freed. The wait's recorder marks
+// the word (waited_on); the change that clears the mark (add_busy, cache_slot)
+// calls wake(), and a row that has seen a wake since it counted forgets its
+// count. The words are the arena's own (usable() records none of another
+// arena's), so a wake is under the same lock as the rows. Skipping never
+// changes the choice: a slot skipped is one that waiting() would pass.
 #pragma once
 
 #include <algorithm>
@@ -21,26 +35,27 @@ namespace gpumem::detail {
 class free_slots {
  public:
   // The free slot of exactly `size` bytes at the lowest address, or null.
-  block* pop(std::size_t size) noexcept {
-    row* r = find(size);
-    if (r == nullptr || r->empty()) return nullptr;
-    block* b = r->back().b;
-    r->pop_back();
-    --count_;
-    bytes_ -= size;
-    return b;
-  }
-
-  // What pop(size) would return, left in place.
+  // The free slot of exactly `size` bytes at the lowest address past those
+  // known to wait (Note [Slots known to wait]), left in place, or null.
   block* peek(std::size_t size) noexcept {
     row* r = find(size);
-    return r == nullptr || r->empty() ? nullptr : r->back().b;
+    if (r == nullptr) return nullptr;
+    const std::size_t skip = known_waiting(*r);
+    return skip < r->items.size() ? r->items[r->items.size() - 1 - skip].b : nullptr;
+  }
+
+  // Removes `b`, what peek(b->size) returned.
+  void pop_peeked(block* b) noexcept {
+    row& r = *find(b->size);
+    take(r, r.items.end() - 1 - static_cast<std::ptrdiff_t>(r.known_waiting));
   }
 
   void push(block* b) {
     row& r = find_or_make(b->size);
-    const item x{b->address, b, {}};
-    r.insert(std::upper_bound(r.begin(), r.end(), x, higher_address), x);
+    const auto at = r.items.begin() + static_cast<std::ptrdiff_t>(higher_count(r, b->address));
+    // Slots below the new one that were known to wait still are.
+    r.known_waiting = std::min(r.known_waiting, static_cast<std::size_t>(r.items.end() - at));
+    r.items.insert(at, item{b->address, b, {}});
     ++count_;
     bytes_ += b->size;
   }
@@ -49,11 +64,9 @@ class free_slots {
   void remove(block* b) noexcept {
     row* r = find(b->size);
     if (r == nullptr) return;
-    auto it = std::lower_bound(r->begin(), r->end(), item{b->address, b, {}}, higher_address);
-    if (it == r->end() || it->b != b) return;
-    r->erase(it);
-    --count_;
-    bytes_ -= b->size;
+    const auto it = r->items.begin() + static_cast<std::ptrdiff_t>(higher_count(*r, b->address));
+    if (it == r->items.end() || it->b != b) return;
+    take(*r, it);
   }
 
   // Removes and returns the free slot of exactly `size` bytes at the lowest
@@ -63,9 +76,14 @@ class free_slots {
   block* pop_lowest_accepted(std::size_t size, unsigned page_shift, F&& accept) {
     row* r = find(size);
     if (r == nullptr) return nullptr;
-    for (auto it = r->rbegin(); it != r->rend(); ++it) {
-      if (waiting(*it, page_shift) || !accept(it->b)) continue;
-      return take(*r, std::next(it).base());
+    bool all_wait = true;  // every slot below `it` waits
+    for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
+      if (!waiting(*it, page_shift)) {
+        if (accept(it->b)) return take(*r, std::next(it).base());
+        // accept recorded why not (usable): known to wait when a wait holds.
+        all_wait = all_wait && waiting(*it, page_shift);
+      }
+      r->known_waiting += all_wait;
     }
     return nullptr;
   }
@@ -76,29 +94,35 @@ class free_slots {
   block* pop_first_ready(std::size_t size, unsigned page_shift, F&& ready) {
     row* r = find(size);
     if (r == nullptr) return nullptr;
-    for (auto it = r->rbegin(); it != r->rend(); ++it) {
-      if (waiting(*it, page_shift)) continue;
+    for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
+      if (waiting(*it, page_shift)) {
+        ++r->known_waiting;
+        continue;
+      }
       return ready(it->b) ? take(*r, std::next(it).base()) : nullptr;
     }
     return nullptr;
   }
 
+  // A wait of a slot here may have ended (Note [Slots known to wait]).
+  void wake() noexcept { ++wakes_; }
+
   // How many free slots of exactly `size` bytes there are.
   std::size_t count_of(std::size_t size) noexcept {
     row* r = find(size);
-    return r == nullptr ? 0 : r->size();
+    return r == nullptr ? 0 : r->items.size();
   }
 
   // Calls f(slot) on every free slot until it returns true.
   template <class F>
   void for_each_until(F&& f) const {
     for (const entry& e : direct_) {
-      for (const item& x : e.r) {
+      for (const item& x : e.r.items) {
         if (f(x.b)) return;
       }
     }
     for (const auto& [size, r] : overflow_) {
-      for (const item& x : r) {
+      for (const item& x : r.items) {
         if (f(x.b)) return;
       }
     }
@@ -109,7 +133,7 @@ class free_slots {
   void for_each_of(std::size_t size, F&& f) {
     row* r = find(size);
     if (r == nullptr) return;
-    for (const item& x : *r) f(x.b);
+    for (const item& x : r->items) f(x.b);
   }
 
   std::size_t count() const noexcept { return count_; }
@@ -120,14 +144,40 @@ class free_slots {
   // (ordering them reads no block) and the wait of it last seen to hold (chunk::
   // page_wait), checked first: one load while it still holds. The lowest is
   // taken from the end and mostly put back there; a slot freed is placed by a
-  // binary search.
+  // binary search. The last known_waiting items were all seen waiting, with
+  // no wake since wakes_seen (Note [Slots known to wait]).
   struct item {
     std::uintptr_t address;
     block* b;
     chunk::page_wait wait{};
   };
-  using row = std::vector<item>;
-  static bool higher_address(const item& x, const item& y) noexcept { return x.address > y.address; }
+  struct row {
+    std::vector<item> items;
+    std::size_t known_waiting = 0;
+    std::uint64_t wakes_seen = 0;
+  };
+  // How many of r's slots lie above `address`: where a slot there goes. A
+  // search without branches on the data (a row's order is random to the
+  // branch predictor, whose misses cost a slot's free more than the rest of it).
+  static std::size_t higher_count(const row& r, std::uintptr_t address) noexcept {
+    std::size_t n = r.items.size();
+    if (n == 0) return 0;
+    const item* base = r.items.data();
+    while (n > 1) {
+      const std::size_t half = n / 2;
+      // A mask, not a conditional, which compilers turn into a branch.
+      base += half & (std::size_t{0} - static_cast<std::size_t>(base[half - 1].address > address));
+      n -= half;
+    }
+    return static_cast<std::size_t>(base - r.items.data()) + (base->address > address ? 1 : 0);
+  }
+  std::size_t known_waiting(row& r) const noexcept {
+    if (r.wakes_seen != wakes_) {
+      r.wakes_seen = wakes_;
+      r.known_waiting = 0;
+    }
+    return r.known_waiting;
+  }
   // Whether the slot of `x` still cannot be used, as far as its recorded waits tell.
   static bool waiting(item& x, unsigned page_shift) noexcept {
     if (x.wait.holds()) return true;
@@ -135,9 +185,11 @@ class free_slots {
     x.wait = w != nullptr ? *w : chunk::page_wait{};
     return w != nullptr;
   }
-  block* take(row& r, row::iterator at) noexcept {
+  block* take(row& r, std::vector<item>::iterator at) noexcept {
     block* b = at->b;
-    r.erase(at);
+    // One of the slots known to wait leaves: one fewer.
+    if (static_cast<std::size_t>(r.items.end() - at) <= r.known_waiting) --r.known_waiting;
+    r.items.erase(at);
     --count_;
     bytes_ -= b->size;
     return b;
@@ -162,8 +214,9 @@ class free_slots {
   row& find_or_make(std::size_t size) {
     entry& e = direct(size);
     if (e.size == size) return e.r;
-    if (e.r.empty() && overflow_.find(size) == overflow_.end()) {
+    if (e.r.items.empty() && overflow_.find(size) == overflow_.end()) {
       e.size = size;
+      e.r.known_waiting = 0;
       return e.r;
     }
     return overflow_[size];
@@ -173,6 +226,7 @@ class free_slots {
   std::unordered_map<std::size_t, row> overflow_;
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
+  std::uint64_t wakes_ = 0;
 };
 
 }  // namespace gpumem::detail

@@ -97,9 +97,9 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
             return why.str();
           }
         }
-        if ((busy[q] != 0) != c->page_busy(q) || (!c->for_slots && busy[q] != c->busy[q])) {
+        if ((busy[q] != 0) != c->page_busy(q) || (!c->for_slots && busy[q] != c->uses[q].busy)) {
           why << "page " << q << " of the segment at " << c->base << " is touched by " << busy[q]
-              << " blocks that are not free, its record says " << (c->for_slots ? int(c->page_busy(q)) : int(c->busy[q]));
+              << " blocks that are not free, its record says " << (c->for_slots ? int(c->page_busy(q)) : int(c->uses[q].busy));
           return why.str();
         }
         if (busy[q] != 0 && !c->is_ready(q)) return "a page under a block that is not free has no memory of its own";

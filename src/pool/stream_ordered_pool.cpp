@@ -271,9 +271,7 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
       c->slot_at.assign(n, nullptr);
       c->waits.assign(n, {});
     } else {
-      c->busy.assign(n, 0);
-      c->freed_at.assign(n, 0);
-      c->busy_marks.assign(n, 0);
+      c->uses.assign(n, {});
     }
   }
   chunk* raw = c.get();

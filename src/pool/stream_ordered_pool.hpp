@@ -164,9 +164,11 @@ class stream_ordered_pool {
   // ---- block operations; the arena's lock is held ----
   // Carves the request from the free block `b`; returns the live block.
   block* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
-  // Paged pools: counts `b` in (delta 1) or out of (-1) its pages' busy counts,
-  // and whether every page it touches is ready.
+  // Paged pools: counts `b` in (delta 1) or out of (-1) its pages' busy counts.
   void add_busy(const block* b, int delta) noexcept;
+  // A page's busy rose from 0 or fell back to 0 (chunk::page_uses::busy_mark).
+  static void change_busy_mark(chunk& c, chunk::page_uses& u) noexcept;
+  // Paged pools: whether every page `b` touches is ready.
   bool pages_ready(const block* b) const noexcept;
   void free_into(arena& a, block* b, std::uint64_t epoch);
   // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`.
@@ -303,7 +305,7 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
       std::lock_guard lock(a.lock);
       block* s = a.slots.peek(slot_size);
       if (s != nullptr && pages_ready(s)) [[likely]] {
-        a.slots.pop(slot_size);
+        a.slots.pop_peeked(s);
         take_slot(a, s, bytes);
         return reinterpret_cast<void*>(s->address);
       }
@@ -346,8 +348,17 @@ inline void stream_ordered_pool::take_slot(arena& a, block* s, std::size_t bytes
 
 inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
   s->cached = true;  // stays in `live`, as a quick-cached block does
-  s->uses |= slot_freed;
+  if (s->uses & waited_on) [[unlikely]] a.slots.wake();  // Note [Slots known to wait]
+  s->uses = (s->uses & ~waited_on) | slot_freed;
   a.slots.push(s);
+}
+
+inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u) noexcept {
+  if (u.busy_mark & waited_on) [[unlikely]] {  // Note [Slots known to wait]
+    u.busy_mark &= ~waited_on;
+    c.owner->slots.wake();
+  }
+  ++u.busy_mark;
 }
 
 inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
@@ -361,14 +372,16 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   if (b->slot) return;
   if (delta > 0) {
     for (std::size_t i = first; i <= last; ++i) {
-      if (c.busy[i]++ == 0) ++c.busy_marks[i];
+      chunk::page_uses& u = c.uses[i];
+      if (u.busy++ == 0) change_busy_mark(c, u);
     }
   } else {
     const std::uint64_t now = c.owner->frees;
     for (std::size_t i = first; i <= last; ++i) {
-      if (--c.busy[i] == 0) {
-        c.freed_at[i] = now;
-        ++c.busy_marks[i];
+      chunk::page_uses& u = c.uses[i];
+      if (--u.busy == 0) {
+        u.freed_at = now;
+        change_busy_mark(c, u);
       }
     }
   }
@@ -459,7 +472,7 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
     const std::size_t page = settings.page_bytes;
     block* s = a.slots.peek((bytes + page - 1) / page * page);
     if (s == nullptr || !pages_ready(s)) return nullptr;
-    a.slots.pop(s->size);
+    a.slots.pop_peeked(s);
     take_slot(a, s, bytes);
     return reinterpret_cast<void*>(s->address);
   }

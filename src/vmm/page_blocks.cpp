@@ -144,7 +144,7 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
         if ((i & 63) == 0 && i + 64 <= span.end && c.ready[i >> 6] == 0) i += 63;
         continue;
       }
-      found.push_back({c.freed_at[i], &c, i});
+      found.push_back({c.uses[i].freed_at, &c, i});
     }
   };
   s.free.find_if(page, [&](const block* b) {

@@ -101,8 +101,9 @@ bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
     }
     const page_ref there = c.home_at[i]->primary.load();
     if (there.c == nullptr || there.c->owner != &a) continue;
-    const std::uint64_t* word =
-        there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->busy_marks[there.index];
+    std::uint64_t* word =
+        there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->uses[there.index].busy_mark;
+    *word |= detail::waited_on;  // its change wakes the free slots (Note [Slots known to wait])
     w = {word, *word};
   }
   return ok;

@@ -1,0 +1,169 @@
+// The slot cache of the paged pool (src/pool/free_slots.hpp): the lowest free
+// slot first, past those whose recorded wait still holds, and the slots known
+// to wait skipped until a wake (Note [Slots known to wait]).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "pool/free_slots.hpp"
+
+namespace gpumem::test {
+namespace {
+
+using detail::block;
+using detail::chunk;
+using detail::free_slots;
+
+constexpr unsigned page_shift = 12;
+constexpr std::size_t page = std::size_t{1} << page_shift;
+
+// A segment of `count` one-page slots, and a word per slot that a wait can read.
+struct segment {
+  explicit segment(std::size_t count) : blocks(count), words(count, 0) {
+    c.base = std::uintptr_t{1} << 32;
+    c.size = count * page;
+    c.for_slots = true;
+    c.waits.assign(count, {});
+    for (std::size_t i = 0; i < count; ++i) {
+      blocks[i].address = c.base + i * page;
+      blocks[i].size = page;
+      blocks[i].owner = &c;
+      blocks[i].slot = true;
+    }
+  }
+  // Slot i waits until words[i] changes.
+  void wait(std::size_t i) { c.waits[i] = {&words[i], words[i]}; }
+  block* at(std::size_t i) { return &blocks[i]; }
+  std::size_t index(const block* b) const { return static_cast<std::size_t>(b - blocks.data()); }
+
+  chunk c;
+  std::vector<block> blocks;  // never resized: slots point into it
+  std::vector<std::uint64_t> words;
+};
+
+block* first_ready(free_slots& slots) {
+  return slots.pop_first_ready(page, page_shift, [](const block*) { return true; });
+}
+
+TEST(FreeSlots, TheLowestAddressComesFirstWhateverTheOrderOfFrees) {
+  segment seg(200);
+  free_slots slots;
+  std::set<std::size_t> model;
+  std::mt19937_64 rng(7);
+  for (int step = 0; step < 20000; ++step) {
+    const std::size_t i = rng() % seg.blocks.size();
+    const int what = static_cast<int>(rng() % 3);
+    if (what == 0 && !model.contains(i)) {
+      slots.push(seg.at(i));
+      model.insert(i);
+    } else if (what == 1 && model.contains(i)) {
+      slots.remove(seg.at(i));
+      model.erase(i);
+    } else if (what == 2) {
+      block* b = slots.peek(page);
+      ASSERT_EQ(b == nullptr, model.empty());
+      if (b == nullptr) continue;
+      ASSERT_EQ(seg.index(b), *model.begin());
+      slots.pop_peeked(b);
+      model.erase(model.begin());
+    }
+    ASSERT_EQ(slots.count(), model.size());
+    ASSERT_EQ(slots.count_of(page), model.size());
+    ASSERT_EQ(slots.bytes(), model.size() * page);
+  }
+}
+
+TEST(FreeSlots, RemovingASlotThatIsNotThereChangesNothing) {
+  segment seg(4);
+  free_slots slots;
+  slots.push(seg.at(1));
+  slots.remove(seg.at(2));
+  slots.remove(seg.at(0));
+  EXPECT_EQ(slots.count(), 1U);
+  EXPECT_EQ(slots.peek(page), seg.at(1));
+}
+
+TEST(FreeSlots, SlotsSeenWaitingAreSkippedUntilAWake) {
+  segment seg(10);
+  free_slots slots;
+  for (std::size_t i = 0; i < 10; ++i) slots.push(seg.at(i));
+  for (std::size_t i = 0; i < 4; ++i) seg.wait(i);
+  // The scan passes the four that wait and takes the fifth.
+  EXPECT_EQ(first_ready(slots), seg.at(4));
+  // The four are now known to wait: the hot path's peek skips them unread.
+  EXPECT_EQ(slots.peek(page), seg.at(5));
+  // A wait that ends without a wake is not seen (its word's writer wakes)...
+  ++seg.words[1];
+  EXPECT_EQ(slots.peek(page), seg.at(5));
+  // ...and after the wake every slot is looked at again: slot 0 still waits.
+  slots.wake();
+  EXPECT_EQ(slots.peek(page), seg.at(0));
+  EXPECT_EQ(first_ready(slots), seg.at(1));
+  EXPECT_EQ(slots.peek(page), seg.at(2));  // 0 is known to wait again
+}
+
+TEST(FreeSlots, ASlotFreedBelowTheKnownWaitersIsSeenAtOnce) {
+  segment seg(10);
+  free_slots slots;
+  for (std::size_t i : {0, 1, 3, 4, 6}) slots.push(seg.at(i));
+  for (std::size_t i : {0, 1, 3, 4}) seg.wait(i);
+  EXPECT_EQ(first_ready(slots), seg.at(6));
+  EXPECT_EQ(slots.peek(page), nullptr);  // every free slot is known to wait
+  // A slot freed between them: those below it are still known to wait.
+  slots.push(seg.at(2));
+  EXPECT_EQ(slots.peek(page), seg.at(2));
+  EXPECT_EQ(first_ready(slots), seg.at(2));
+  // Those above it were forgotten (the count only covers slots below the
+  // newest), and a scan learns them again.
+  EXPECT_EQ(slots.peek(page), seg.at(3));
+  EXPECT_EQ(first_ready(slots), nullptr);
+  EXPECT_EQ(slots.peek(page), nullptr);
+  // One known to wait leaves (a repair takes it): the rest stay known.
+  slots.remove(seg.at(1));
+  slots.push(seg.at(5));
+  EXPECT_EQ(slots.peek(page), seg.at(5));
+  EXPECT_EQ(slots.count(), 4U);
+}
+
+TEST(FreeSlots, ASlotThatAcceptRefusesIsKnownToWaitOnlyWhenItRecordedAWait) {
+  segment seg(6);
+  free_slots slots;
+  for (std::size_t i = 0; i < 6; ++i) slots.push(seg.at(i));
+  // Slot 0 is refused with a wait recorded, slot 1 without one, slot 2 accepted.
+  auto accept = [&](const block* b) {
+    const std::size_t i = seg.index(b);
+    if (i == 0) seg.wait(0);
+    return i >= 2;
+  };
+  EXPECT_EQ(slots.pop_lowest_accepted(page, page_shift, accept), seg.at(2));
+  // Slot 0 is skipped from now on; slot 1, which may be usable, is not.
+  EXPECT_EQ(slots.peek(page), seg.at(1));
+  std::vector<std::size_t> offered;
+  EXPECT_EQ(slots.pop_lowest_accepted(page, page_shift,
+                                      [&](const block* b) {
+                                        offered.push_back(seg.index(b));
+                                        return seg.index(b) == 4;
+                                      }),
+            seg.at(4));
+  EXPECT_EQ(offered, (std::vector<std::size_t>{1, 3, 4}));
+}
+
+TEST(FreeSlots, SizesKeepRowsOfTheirOwn) {
+  segment seg(8);
+  free_slots slots;
+  // Two-page slots at 0 and 4, one-page slots at 2 and 7.
+  for (std::size_t i : {0, 4}) seg.blocks[i].size = 2 * page;
+  for (std::size_t i : {4, 2, 7, 0}) slots.push(seg.at(i));
+  EXPECT_EQ(slots.count_of(page), 2U);
+  EXPECT_EQ(slots.count_of(2 * page), 2U);
+  EXPECT_EQ(slots.count_of(3 * page), 0U);
+  EXPECT_EQ(slots.peek(2 * page), seg.at(0));
+  EXPECT_EQ(slots.peek(page), seg.at(2));
+  EXPECT_EQ(slots.bytes(), 6 * page);
+}
+
+}  // namespace
+}  // namespace gpumem::test
