@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <optional>
 #include <system_error>
 #include <tuple>
 
@@ -248,7 +249,12 @@ void stream_ordered_pool::request_fences() {
 }
 
 void stream_ordered_pool::record_fence(arena& a) {
-  device_context_guard guard(device);  // the default streams are the current context's
+  // A record needs a current context only on a default stream (the current
+  // context's); creating the event needs one always. Other records skip the
+  // guard's driver calls: with many streams, periodic fences are frequent (W3).
+  std::optional<device_context_guard> guard;
+  const bool default_stream = a.stream == nullptr || a.stream == CU_STREAM_LEGACY || a.stream == CU_STREAM_PER_THREAD;
+  if (default_stream || a.fence == nullptr) guard.emplace(device);
   if (a.fence == nullptr) GPUMEM_CU(cuEventCreate, &a.fence, CU_EVENT_DISABLE_TIMING);
   GPUMEM_CU(cuEventRecord, a.fence, a.stream);
   a.fenced_frees = a.frees;

@@ -240,16 +240,27 @@ class stream_ordered_pool {
   std::unique_ptr<capture_watch> watch;  // held with settings.watch_captures
   bool watched = false;                  // the watch started: stream_is_capturing may skip the query
   bool periodic_fences = false;          // fence_interval or fence_bytes set (arena.hpp's note)
-
-  mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
-  std::unordered_map<std::uintptr_t, std::unique_ptr<arena>> arenas;
+  unsigned page_shift = 0;               // paged pools: log2(settings.page_bytes)
   std::atomic<bool> several_streams{false};  // fences matter only once a second stream exists
+
+  // Note [Fields that threads write apart from what the hot path reads]
+  // Everything above is read by every call and written (almost) never. The
+  // locks and counters below are written by whichever thread takes them: the
+  // growth mutex by every slot reuse of every stream (W3). Sharing a cache
+  // line with them would make each call of every other thread miss on it (a
+  // 16-thread W3 spent most of its time on one load of page_shift). Each
+  // written group starts a line pair of its own (128 bytes: Intel CPUs fetch
+  // lines in adjacent pairs).
+  static constexpr std::size_t apart = 128;
 
   // Lock order: arenas_mutex, then chunks_mutex, then arena locks (one at a time,
   // except under growth_mutex, whose holder alone may hold two).
-  mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner
+  alignas(apart) mutable std::shared_mutex arenas_mutex;  // guards `arenas` (lookup misses only)
+  std::unordered_map<std::uintptr_t, std::unique_ptr<arena>> arenas;
+
+  alignas(apart) mutable std::shared_mutex chunks_mutex;  // guards `chunks` and chunk::owner
   std::map<std::uintptr_t, std::unique_ptr<chunk>> chunks;  // by base address
-  std::atomic<std::size_t> reserved_bytes{0};  // what the backing holds
+  alignas(apart) std::atomic<std::size_t> reserved_bytes{0};  // what the backing holds
   std::atomic<std::size_t> peak_reserved_bytes{0};  // the most reserved_bytes was since the last reset
 
   // After reserved_bytes grew (and the memory is held): raises the peak to it.
@@ -261,12 +272,11 @@ class stream_ordered_pool {
   }
   // The peak becomes what is held now.
   void reset_peak_reserved() noexcept { peak_reserved_bytes.store(reserved_bytes.load()); }
-  unsigned page_shift = 0;  // paged pools: log2(settings.page_bytes)
 
   // Serialises growing and giving back; held shared only to reuse a slot
   // (Note [Reusing a slot under the shared growth mutex], src/vmm/page_slots.cpp).
-  growth_mutex_type growth_mutex;
-  std::mutex maintenance_mutex;
+  alignas(apart) growth_mutex_type growth_mutex;
+  alignas(apart) std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
 };
 
