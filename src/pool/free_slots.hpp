@@ -44,10 +44,16 @@ class free_slots {
     return skip < r->items.size() ? r->items[r->items.size() - 1 - skip].b : nullptr;
   }
 
-  // Removes `b`, what peek(b->size) returned.
-  void pop_peeked(block* b) noexcept {
-    row& r = *find(b->size);
-    take(r, r.items.end() - 1 - static_cast<std::ptrdiff_t>(r.known_waiting));
+  // Removes and returns what peek(size) would, when `ready` takes it; else
+  // null (the hot path's slot cache hit).
+  template <class F>
+  block* pop_lowest_if(std::size_t size, F&& ready) {
+    row* r = find(size);
+    if (r == nullptr) return nullptr;
+    const std::size_t skip = known_waiting(*r);
+    if (skip >= r->items.size()) return nullptr;
+    const auto at = r->items.end() - 1 - static_cast<std::ptrdiff_t>(skip);
+    return ready(at->b) ? take(*r, at) : nullptr;
   }
 
   void push(block* b) {

@@ -313,9 +313,8 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
     const std::size_t slot_size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
     {
       std::lock_guard lock(a.lock);
-      block* s = a.slots.peek(slot_size);
-      if (s != nullptr && pages_ready(s)) [[likely]] {
-        a.slots.pop_peeked(s);
+      block* s = a.slots.pop_lowest_if(slot_size, [&](const block* y) { return pages_ready(y); });
+      if (s != nullptr) [[likely]] {
         take_slot(a, s, bytes);
         return reinterpret_cast<void*>(s->address);
       }
@@ -372,14 +371,14 @@ inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u)
 }
 
 inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
-  chunk& c = *b->owner;
-  const std::size_t first = (b->address - c.base) >> page_shift;
-  const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
   // A slot's pages are its own (whole pages, never shared: Note [Slots for large
   // requests]): whether they are busy is whether the slot is out of the slot
   // cache (chunk::page_busy), nothing to count. freed_at orders the pages of free
   // and quick-cached blocks (take_pages), which a segment of slots never holds.
   if (b->slot) return;
+  chunk& c = *b->owner;
+  const std::size_t first = (b->address - c.base) >> page_shift;
+  const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
   if (delta > 0) {
     for (std::size_t i = first; i <= last; ++i) {
       chunk::page_uses& u = c.uses[i];
@@ -480,9 +479,8 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
   if (!lock.owns_lock()) return nullptr;
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
     const std::size_t page = settings.page_bytes;
-    block* s = a.slots.peek((bytes + page - 1) / page * page);
-    if (s == nullptr || !pages_ready(s)) return nullptr;
-    a.slots.pop_peeked(s);
+    block* s = a.slots.pop_lowest_if((bytes + page - 1) / page * page, [&](const block* y) { return pages_ready(y); });
+    if (s == nullptr) return nullptr;
     take_slot(a, s, bytes);
     return reinterpret_cast<void*>(s->address);
   }
