@@ -14,6 +14,14 @@ struct arena;
 struct chunk;
 struct page_home;  // vmm_pool_resource's record of a handle (src/vmm/vmm_pool_impl.hpp)
 
+// A word and the value it had: while the word keeps that value, what it
+// stands for has not changed (chunk::waits).
+struct page_wait {
+  const std::uint64_t* word = nullptr;
+  std::uint64_t mark = 0;
+  bool holds() const noexcept { return word != nullptr && *word == mark; }
+};
+
 struct block {
   std::uintptr_t address = 0;
   std::size_t size = 0;             // multiple of the pool granule
@@ -38,6 +46,9 @@ struct block {
   // record reused for another slot never repeats it), with slot_freed set once
   // it is freed.
   std::uint64_t uses = 0;
+  // Free slots only: the wait of it last seen to hold (chunk::waits), checked
+  // first by the slot cache: one load while it still holds (free_slots).
+  page_wait wait_seen{};
 };
 
 inline constexpr std::uint64_t slot_freed = std::uint64_t{1} << 63;
@@ -80,11 +91,7 @@ struct chunk {
   // The word is the busy mark of the page in use that holds the handle, the use
   // word of the live slot there (block::uses), or never_changes for a page
   // without a handle (until the slot is remapped). Null: nothing known.
-  struct page_wait {
-    const std::uint64_t* word = nullptr;
-    std::uint64_t mark = 0;
-    bool holds() const noexcept { return word != nullptr && *word == mark; }
-  };
+  using page_wait = detail::page_wait;
   static constexpr std::uint64_t never_changes = 1;
   std::vector<page_wait> waits;
   bool for_slots = false;                // a segment of slots and vacant addresses

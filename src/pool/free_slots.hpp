@@ -57,11 +57,12 @@ class free_slots {
   }
 
   void push(block* b) {
+    b->wait_seen = {};  // what kept it waiting before it was last handed out is gone
     row& r = find_or_make(b->size);
     const auto at = r.items.begin() + static_cast<std::ptrdiff_t>(higher_count(r, b->address));
     // Slots below the new one that were known to wait still are.
     r.known_waiting = std::min(r.known_waiting, static_cast<std::size_t>(r.items.end() - at));
-    r.items.insert(at, item{b->address, b, {}});
+    r.items.insert(at, item{b->address, b});
     ++count_;
     bytes_ += b->size;
   }
@@ -147,15 +148,13 @@ class free_slots {
 
  private:
   // A size's free slots, highest address first, each with its address beside it
-  // (ordering them reads no block) and the wait of it last seen to hold (chunk::
-  // page_wait), checked first: one load while it still holds. The lowest is
-  // taken from the end and mostly put back there; a slot freed is placed by a
-  // binary search. The last known_waiting items were all seen waiting, with
+  // (ordering them reads no block; 16 bytes, so that a search and an insert
+  // touch few cache lines). The lowest is taken from the end and mostly put
+  // back there; a slot freed is placed by a binary search. The last known_waiting items were all seen waiting, with
   // no wake since wakes_seen (Note [Slots known to wait]).
   struct item {
     std::uintptr_t address;
     block* b;
-    chunk::page_wait wait{};
   };
   struct row {
     std::vector<item> items;
@@ -186,9 +185,10 @@ class free_slots {
   }
   // Whether the slot of `x` still cannot be used, as far as its recorded waits tell.
   static bool waiting(item& x, unsigned page_shift) noexcept {
-    if (x.wait.holds()) return true;
-    const chunk::page_wait* w = wait_that_holds(x.b, page_shift);
-    x.wait = w != nullptr ? *w : chunk::page_wait{};
+    block& b = *x.b;
+    if (b.wait_seen.holds()) return true;
+    const page_wait* w = wait_that_holds(&b, page_shift);
+    b.wait_seen = w != nullptr ? *w : page_wait{};
     return w != nullptr;
   }
   block* take(row& r, std::vector<item>::iterator at) noexcept {
