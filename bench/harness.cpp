@@ -104,6 +104,22 @@ std::vector<double> repeat_ns_per_iteration(const std::function<void(std::uint64
   return out;
 }
 
+void warm_up(const subject& s, const context& ctx, double seconds) {
+  try {
+    stream st(ctx.device, stream::flags::non_blocking);
+    std::shared_ptr<memory_resource> mr = s.make(ctx.device);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    constexpr std::size_t sizes[] = {256, std::size_t{1} << 20, std::size_t{8} << 20};
+    while (std::chrono::steady_clock::now() < until) {
+      for (std::size_t bytes : sizes) {
+        for (int i = 0; i < 1000; ++i) mr->deallocate(mr->allocate(bytes, st), bytes, st);
+      }
+    }
+    st.synchronize();
+  } catch (const std::exception&) {  // the row itself says what fails
+  }
+}
+
 cell run_cell(const subject& s, const context& ctx,
               const std::function<cell(memory_resource&, stream&)>& fn) {
   return run_cells(s, ctx, 1,

@@ -28,6 +28,13 @@ std::uint64_t calibrate(const std::function<void(std::uint64_t)>& body, double t
 std::vector<double> repeat_ns_per_iteration(const std::function<void(std::uint64_t)>& body,
                                             std::uint64_t n, int reps);
 
+// The run's warm-up, before its first cell: allocate+free pairs of a few sizes
+// through `s`'s resource (discarded) for `seconds`. A process's first second
+// on a fresh context ran every call slower (W1's and W5's first row read up to
+// 1.7 x the same row later in the run on H100 hosts), and the first row of every
+// run is gpumem's default. Errors are ignored: the row itself reports them.
+void warm_up(const subject& s, const context& ctx, double seconds);
+
 // Builds `s`'s resource on ctx.device and a non-blocking stream there, and
 // returns fn(resource, stream). Exceptions become a cell: out_of_memory (any
 // std::bad_alloc) and cuda_error give `failed`, anything else `error`. The

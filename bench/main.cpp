@@ -339,6 +339,7 @@ int run(int argc, char** argv) {
     cells_total += static_cast<std::size_t>(std::count_if(subjects.begin(), subjects.end(),
                                                           [&](const subject* s) { return w->has_row_for(*s); }));
   }
+  if (!subjects.empty()) warm_up(*subjects.front(), ctx, opts.quick ? 0.05 : 1.0);
   for (const workload* w : workloads) {
     workload_result res;
     res.w = w;
