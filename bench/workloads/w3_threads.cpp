@@ -15,7 +15,7 @@
 // thread, not kept side by side in one array. Vector headers in one array share
 // cache lines, and every allocate and free writes its thread's header: that
 // false sharing cost a fast pool two thirds of its 4-thread throughput (W3 on an
-// H100: 1.3x for 4 threads against 1 before, docs/benchmarks-history.md).
+// H100: 1.3x for 4 threads against 1 before, docs/benchmarks-first-runs.md).
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -39,7 +39,7 @@ thread_local int this_thread_context_device = -1;
 // While no context is current, the driver's and the runtime's "which context is
 // current" answers take a slow path on some hosts: a DeviceBuffer made and dropped,
 // whose only driver call is cuCtxGetCurrent, and CuPy's allocate+free through gpumem
-// cost several times more there (W7, docs/benchmarks.md, "W7 again"). So the first allocation
+// cost several times more there (W7, docs/benchmarks-history.md, "W7 again"). So the first allocation
 // of a thread makes the device's primary context current when the thread has none
 // (adopt_primary_context): CuPy's device is the runtime's current device, and
 // DeviceBuffer's default is device 0, the runtime's default; exactly what the

@@ -25,7 +25,7 @@ namespace vm = detail::vmm;
 //     streams count what they use; a stream waiting for the growth mutex is not
 //     idle): each stream holds its own peak, so one that peaks while another
 //     does not is not left to move its own free pages under its blocks at every
-//     step (docs/benchmarks.md, W3 and the default pool);
+//     step (docs/benchmarks-history.md, W3 and the default pool);
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
 //     their handle; the most recently freed first): its stream orders their reuse;
 //  2. idle streams' settled free pages (a stream that has freed nothing for
@@ -59,7 +59,7 @@ namespace vm = detail::vmm;
 //  - a stream is idle only after idle_stream_ms without a free: threads that
 //    pause between bursts (a barrier, a host-side step) keep their pages for
 //    their next burst rather than losing them to the others and taking them
-//    back, two moves a page (docs/benchmarks.md, W3 and the idle time);
+//    back, two moves a page (docs/benchmarks-history.md, W3 and the idle time);
 //  - loops whose steps vary (other sizes, other orders) still move some pages
 //    at every step (docs/vmm.md, "Where the pool is slow").
 //

@@ -49,8 +49,8 @@ constexpr std::size_t max_free_slots_of_a_size = 64;
 // does any step after it. (A choice that depended on the order of frees or on
 // where handles are primary, as a most-recently-freed cache or remapping a
 // slot that is almost usable does, changes the handles in use from step to
-// step, and the loop keeps moving pages: docs/benchmarks.md, "Slots that
-// settle".) The price is addresses and aliases, never memory: a new slot's
+// step, and the loop keeps moving pages: docs/benchmarks-history.md, "Slots
+// that settle".) The price is addresses and aliases, never memory: a new slot's
 // pages are free pages mapped once more. Only a size with
 // max_free_slots_of_a_size free slots already gets its nearest slot repaired
 // (its pages in use elsewhere replaced by free ones, when under half of them)
