@@ -34,7 +34,6 @@ namespace gpumem::detail {
 
 class free_slots {
  public:
-  // The free slot of exactly `size` bytes at the lowest address, or null.
   // The free slot of exactly `size` bytes at the lowest address past those
   // known to wait (Note [Slots known to wait]), left in place, or null.
   block* peek(std::size_t size) noexcept {
@@ -150,8 +149,9 @@ class free_slots {
   // A size's free slots, highest address first, each with its address beside it
   // (ordering them reads no block; 16 bytes, so that a search and an insert
   // touch few cache lines). The lowest is taken from the end and mostly put
-  // back there; a slot freed is placed by a binary search. The last known_waiting items were all seen waiting, with
-  // no wake since wakes_seen (Note [Slots known to wait]).
+  // back there; a slot freed is placed by a binary search. The last
+  // known_waiting items were all seen waiting, with no wake since wakes_seen
+  // (Note [Slots known to wait]).
   struct item {
     std::uintptr_t address;
     block* b;
@@ -184,7 +184,7 @@ class free_slots {
     return r.known_waiting;
   }
   // Whether the slot of `x` still cannot be used, as far as its recorded waits tell.
-  static bool waiting(item& x, unsigned page_shift) noexcept {
+  static bool waiting(const item& x, unsigned page_shift) noexcept {
     block& b = *x.b;
     if (b.wait_seen.holds()) return true;
     const page_wait* w = wait_that_holds(&b, page_shift);
