@@ -15,7 +15,7 @@ struct chunk;
 struct page_home;  // vmm_pool_resource's record of a handle (src/vmm/vmm_pool_impl.hpp)
 
 // A word and the value it had: while the word keeps that value, what it
-// stands for has not changed (chunk::waits).
+// stands for has not changed (block::wait_seen).
 struct page_wait {
   const std::uint64_t* word = nullptr;
   std::uint64_t mark = 0;
@@ -41,13 +41,15 @@ struct block {
   // vacant addresses of a segment of slots (in no index, never handed out).
   bool slot = false;
   bool vacant = false;
-  // Slots only: the slot's use word (chunk::page_wait): the arena's count of
+  // Slots only: the slot's use word (a page_wait's word): the arena's count of
   // slot hand-outs when it was last handed out (unique in the arena, so a
   // record reused for another slot never repeats it), with slot_freed set once
   // it is freed.
   std::uint64_t uses = 0;
-  // Free slots only: the wait of it last seen to hold (chunk::waits), checked
-  // first by the slot cache: one load while it still holds (free_slots).
+  // Free slots only: what keeps one of its pages' handles from it, as usable()
+  // last found it (src/vmm/page_slots.cpp): while the word keeps its value the
+  // slot cannot be used, and the slot cache passes it with one load
+  // (free_slots). Cleared when the slot is freed: its pages are its own then.
   page_wait wait_seen{};
 };
 
@@ -78,22 +80,16 @@ struct chunk {
   // touches one cache line per page (W2).
   struct page_uses {
     // Odd while busy: one more each time busy rises from 0 and falls back to 0
-    // (chunk::page_wait).
+    // (a page_wait's word).
     std::uint64_t busy_mark = 0;
     std::uint64_t freed_at = 0;  // the owner's free count when busy last fell to 0
     std::uint32_t busy = 0;      // blocks that are not free (live, pending) over the page
   };
   std::vector<page_uses> uses;   // not kept in segments of slots
   std::vector<block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
-  // Segments of slots: per page of a free slot that cannot be used, what keeps
-  // its handle from it, as a word and the value it had (Note [Slots for large
-  // requests]): while the word keeps that value, the slot still cannot be used.
-  // The word is the busy mark of the page in use that holds the handle, the use
-  // word of the live slot there (block::uses), or never_changes for a page
-  // without a handle (until the slot is remapped). Null: nothing known.
-  using page_wait = detail::page_wait;
+  // The word of a free slot's wait (block::wait_seen) when one of its pages has
+  // no handle: only a repair, which takes the slot out of the cache, maps one.
   static constexpr std::uint64_t never_changes = 1;
-  std::vector<page_wait> waits;
   bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
@@ -121,18 +117,6 @@ struct chunk {
     else ready[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
   }
 };
-
-// A wait of the free slot `s` (whole pages of 2^page_shift bytes) that still
-// holds, so that s cannot be used; null when none is known to. Under the arena's lock.
-inline const chunk::page_wait* wait_that_holds(const block* s, unsigned page_shift) noexcept {
-  const chunk& c = *s->owner;
-  const std::size_t first = (s->address - c.base) >> page_shift;
-  const std::size_t end = first + (s->size >> page_shift);
-  for (std::size_t i = first; i < end; ++i) {
-    if (c.waits[i].holds()) return &c.waits[i];
-  }
-  return nullptr;
-}
 
 // Allocates block records without touching the heap on the hot path.
 class block_slab {

@@ -12,13 +12,22 @@
 // one by one, a load of their recorded wait each. Instead each row remembers
 // how many of its lowest slots were all seen waiting (known_waiting) and skips
 // them without a look, for as long as none of their waits can have ended.
-// A wait ends only when its word changes (chunk::page_wait): the busy mark of
+// A wait ends only when its word changes (block::wait_seen): the busy mark of
 // a page in use falls back, or a live slot is freed. The wait's recorder marks
 // the word (waited_on); the change that clears the mark (add_busy, cache_slot)
 // calls wake(), and a row that has seen a wake since it counted forgets its
 // count. The words are the arena's own (usable() records none of another
 // arena's), so a wake is under the same lock as the rows. Skipping never
 // changes the choice: a slot skipped is one that waiting() would pass.
+//
+// A slot records one wait, not one per page that cannot be used: the first
+// it found, which is enough to know that the slot cannot be used while it
+// holds. When it ends, usable() looks at the slot again (and stops at the
+// next page that cannot be used). A wait stays true while it holds, whatever
+// else moved: its word is the busy mark of the page in use that holds the
+// handle, or the use word of the live slot there, and a handle in use does not
+// move; a page without a handle gets one only in a repair, which takes the
+// slot out of the cache, and a freed slot's wait is cleared.
 #pragma once
 
 #include <algorithm>
@@ -79,15 +88,15 @@ class free_slots {
   // address that `accept` takes, or null. Visits in address order, past the
   // slots that still wait (waiting), until one is taken; the others stay.
   template <class F>
-  block* pop_lowest_accepted(std::size_t size, unsigned page_shift, F&& accept) {
+  block* pop_lowest_accepted(std::size_t size, F&& accept) {
     row* r = find(size);
     if (r == nullptr) return nullptr;
     bool all_wait = true;  // every slot below `it` waits
     for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
-      if (!waiting(*it, page_shift)) {
+      if (!waiting(*it)) {
         if (accept(it->b)) return take(*r, std::next(it).base());
         // accept recorded why not (usable): known to wait when a wait holds.
-        all_wait = all_wait && waiting(*it, page_shift);
+        all_wait = all_wait && waiting(*it);
       }
       r->known_waiting += all_wait;
     }
@@ -97,11 +106,11 @@ class free_slots {
   // Removes and returns the free slot of exactly `size` bytes at the lowest
   // address past the slots that still wait, when `ready` takes it; else null.
   template <class F>
-  block* pop_first_ready(std::size_t size, unsigned page_shift, F&& ready) {
+  block* pop_first_ready(std::size_t size, F&& ready) {
     row* r = find(size);
     if (r == nullptr) return nullptr;
     for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
-      if (waiting(*it, page_shift)) {
+      if (waiting(*it)) {
         ++r->known_waiting;
         continue;
       }
@@ -183,14 +192,8 @@ class free_slots {
     }
     return r.known_waiting;
   }
-  // Whether the slot of `x` still cannot be used, as far as its recorded waits tell.
-  static bool waiting(const item& x, unsigned page_shift) noexcept {
-    block& b = *x.b;
-    if (b.wait_seen.holds()) return true;
-    const page_wait* w = wait_that_holds(&b, page_shift);
-    b.wait_seen = w != nullptr ? *w : page_wait{};
-    return w != nullptr;
-  }
+  // Whether the slot of `x` still cannot be used, as far as its recorded wait tells.
+  static bool waiting(const item& x) noexcept { return x.b->wait_seen.holds(); }
   block* take(row& r, std::vector<item>::iterator at) noexcept {
     block* b = at->b;
     // One of the slots known to wait leaves: one fewer.

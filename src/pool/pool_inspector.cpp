@@ -146,13 +146,16 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
         const impl::page_home& h = it->second;
         if (c->home_at[i] != &it->second) return "a mapped page does not point at its handle's record";
         const impl::page_ref here{c, i};
-        const bool listed_alias = std::find(h.aliases.begin(), h.aliases.end(), here) != h.aliases.end();
+        const auto listed = std::count(h.places.begin(), h.places.end(), here);
+        if (listed != 1) {
+          return "page " + std::to_string(i) + " is listed " + std::to_string(listed) +
+                 " times among its handle's places, not once";
+        }
         if (c->is_ready(i)) {
           if (!(h.primary.load() == here)) return "a ready page is not its handle's primary place";
-          if (listed_alias) return "a page is both its handle's primary place and one of its aliases";
           ready_bytes += m.page;
-        } else if (!listed_alias) {
-          return "page " + std::to_string(i) + " maps a handle it is neither the primary place nor an alias of";
+        } else if (h.primary.load() == here) {
+          return "a page that is not ready is its handle's primary place";
         }
       }
     }
@@ -166,10 +169,13 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
     if (const impl::page_ref p = h.primary.load(); p.c == nullptr || p.c->pages[p.index] != handle) {
       return "a handle's primary place maps another handle";
     }
-    for (const auto& al : h.aliases) {
-      if (al.c->pages[al.index] != handle) return "a handle's alias maps another handle";
+    for (const auto& place : h.places) {
+      if (place.c->pages[place.index] != handle) return "a handle's place maps another handle";
     }
-    recorded += 1 + h.aliases.size();
+    if (std::find(h.places.begin(), h.places.end(), h.primary.load()) == h.places.end()) {
+      return "a handle's primary place is not among its places";
+    }
+    recorded += h.places.size();
   }
   if (recorded != places) return "the handles' places and the mapped pages disagree";
   if (m.homes.size() * m.page != m.pool.reserved_bytes.load()) return "the pool holds another count of pages than its handles";

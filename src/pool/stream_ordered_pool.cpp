@@ -275,7 +275,6 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
     c->ready.assign((n + 63) / 64, 0);
     if (for_slots) {
       c->slot_at.assign(n, nullptr);
-      c->waits.assign(n, {});
     } else {
       c->uses.assign(n, {});
     }
@@ -407,7 +406,7 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
     // on a page in use (Note [Slots for large requests]): the backing's choice,
     // made here without the growth mutex. A slot that is neither goes to the backing.
     std::lock_guard lock(a.lock);
-    block* b = a.slots.pop_first_ready(size, page_shift, [&](const block* s) { return pages_ready(s); });
+    block* b = a.slots.pop_first_ready(size, [&](const block* s) { return pages_ready(s); });
     if (b != nullptr) {
       take_slot(a, b, bytes);
       return reinterpret_cast<void*>(b->address);

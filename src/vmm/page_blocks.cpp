@@ -166,7 +166,8 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
 
 void vmm_pool_resource::impl::take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out) {
   page_home& h = *c.home_at[i];
-  h.aliases.push_back({&c, i});
+  // The place it leaves goes last (return_unplaced looks there).
+  std::iter_swap(std::find(h.places.begin(), h.places.end(), page_ref{&c, i}), h.places.end() - 1);
   h.primary.store({});  // moving: map_pages gives it its new place
   c.set_ready(i, false);
   out.push_back(c.pages[i]);
@@ -175,8 +176,8 @@ void vmm_pool_resource::impl::take_page(arena& s, chunk& c, std::size_t i, std::
 
 void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
   vm::unmap(pool.device, c.base + i * page, page);
-  auto& aliases = c.home_at[i]->aliases;
-  aliases.erase(std::find(aliases.begin(), aliases.end(), page_ref{&c, i}));
+  auto& places = c.home_at[i]->places;
+  places.erase(std::find(places.begin(), places.end(), page_ref{&c, i}));
   c.pages[i] = 0;
   c.home_at[i] = nullptr;
 }
@@ -197,11 +198,10 @@ void vmm_pool_resource::impl::return_unplaced(arena& a, const std::vector<std::u
   for (std::size_t k = from; k < from + n; ++k) {
     const std::uint64_t handle = handles[k];
     auto it = homes.find(handle);
-    if (it != homes.end() && it->second.primary.load().c == nullptr && !it->second.aliases.empty()) {
+    if (it != homes.end() && it->second.primary.load().c == nullptr && !it->second.places.empty()) {
       // Taken from a free place (take_page): that place becomes its home again.
       page_home& h = it->second;
-      const page_ref old = h.aliases.back();
-      h.aliases.pop_back();
+      const page_ref old = h.places.back();
       h.primary.store(old);
       arena& s = *old.c->owner;
       if (&s != &a) s.lock.lock();
@@ -245,6 +245,7 @@ bool vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
     c.home_at[first + k] = &h;
     if (h.rank == 0) h.rank = ++handles_made;
     h.primary.store({&c, first + k});
+    h.places.push_back({&c, first + k});
   }
   a.reserved_bytes += n * page;
   return true;
@@ -290,6 +291,7 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
         // 1. Take the page back from a free place of this arena: a swap.
         if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           take_back(c, i);
+          pages_revived.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
         // 2. The alias goes, once the free that ended its last use is settled: if
@@ -344,7 +346,7 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
     for (std::size_t i = span.first; i < span.end && released + page <= at_most; ++i) {
       if (!c.is_ready(i)) continue;
       const std::uint64_t h = c.pages[i];
-      if (!c.home_at[i]->aliases.empty()) continue;  // mapped elsewhere too: reap_aliases first
+      if (c.home_at[i]->has_aliases()) continue;  // mapped elsewhere too: reap_aliases first
       vm::unmap(pool.device, c.base + i * page, page);
       vm::release(pool.device, h);
       homes.erase(h);

@@ -82,29 +82,33 @@ vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, cons
   return f;
 }
 
-bool vmm_pool_resource::impl::usable(arena& a, const block* s) {
-  chunk& c = *s->owner;
+bool vmm_pool_resource::impl::usable(arena& a, block* s) {
+  const chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
   bool ok = true;
   for (std::size_t i = first; i < first + s->size / page; ++i) {
-    chunk::page_wait& w = c.waits[i];
-    w = {};
-    if (use_of(a, c, i) != page_use::conflict) continue;
-    ok = false;
+    if (c.is_ready(i)) continue;
     // What keeps the page's handle from this slot, when the arena's lock alone
-    // can tell that it still does (chunk::page_wait): a busy page or a live
-    // slot of this arena, or no handle at all. A handle in another arena or on
-    // its way is not known.
+    // can tell that it still does: a busy page or a live slot of this arena,
+    // or no handle at all. The first found is the slot's wait (Note [Slots
+    // known to wait]); a handle in another arena or on its way is not known,
+    // and the look goes on for one that is.
     if (c.pages[i] == 0) {
-      w = {&chunk::never_changes, chunk::never_changes};
-      continue;
+      s->wait_seen = {&chunk::never_changes, chunk::never_changes};
+      return false;
     }
     const page_ref there = c.home_at[i]->primary.load();
-    if (there.c == nullptr || there.c->owner != &a) continue;
+    if (there.c == nullptr || there.c->owner != &a) {
+      ok = false;
+      continue;
+    }
+    const bool busy = there.c->page_busy(there.index);
+    if (!busy) continue;  // a swap
     std::uint64_t* word =
         there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->uses[there.index].busy_mark;
     *word |= detail::waited_on;  // its change wakes the free slots (Note [Slots known to wait])
-    w = {word, *word};
+    s->wait_seen = {word, *word};
+    return false;
   }
   return ok;
 }
@@ -113,10 +117,8 @@ void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
   page_home& h = *c.home_at[i];
   const page_ref there = h.primary.load();
   there.c->set_ready(there.index, false);
-  *std::find(h.aliases.begin(), h.aliases.end(), page_ref{&c, i}) = there;
   h.primary.store({&c, i});
   c.set_ready(i, true);
-  ++pages_revived;
 }
 
 vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std::size_t size,
@@ -248,13 +250,18 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, s
   // a loop makes it the same way at every step (the hot paths take the
   // lowest-addressed free slot past those that wait only when it is ready: the
   // same choice). Its aliases take their handles back: swaps, no driver call.
-  block* s = a.slots.pop_lowest_accepted(size, pool.page_shift, [&](const block* y) { return usable(a, y); });
+  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable(a, y); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
+  std::size_t swaps = 0;
   for (std::size_t i = first; i < first + size / page; ++i) {
-    if (!c.is_ready(i)) take_back(c, i);
+    if (c.is_ready(i)) continue;
+    take_back(c, i);
+    ++swaps;
   }
+  // Counted once: a locked add per page would order the swaps' memory accesses.
+  pages_revived.fetch_add(swaps, std::memory_order_relaxed);
   return s;
 }
 
@@ -290,6 +297,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
         const page_ref there = c.home_at[i]->primary.load();
         if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
           take_back(c, i);
+          pages_revived.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
         // Its page is in use elsewhere: the alias goes (once settled) and a page comes.

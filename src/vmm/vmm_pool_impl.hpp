@@ -53,14 +53,18 @@ struct shared_page_ref {
   }
 };
 
-// Where a physical page (a handle) is mapped: its one primary place, where a
-// block may use it (none while it moves), and its aliases, older places where
-// it is still mapped (Note [Pages under the blocks]). Each place's chunk points
-// at it (chunk::home_at), so the pages' paths never look a handle up.
+// Where a physical page (a handle) is mapped: every place (`places`), and
+// among them its one primary place, where a block may use it (none while it
+// moves); the others are its aliases, older places where it is still mapped
+// (Note [Pages under the blocks]). Each place's chunk points at it
+// (chunk::home_at), so the pages' paths never look a handle up, and a swap of
+// primary and alias (take_back) changes `primary` alone. While the handle
+// moves (primary none), the last place is the one it was taken from.
 struct page_home {
   shared_page_ref primary;
-  std::vector<page_ref> aliases;
+  std::vector<page_ref> places;
   std::uint64_t rank = 0;  // the order handles were made in
+  bool has_aliases() const noexcept { return places.size() > (primary.load().c != nullptr ? 1U : 0U); }
 };
 
 }  // namespace detail
@@ -115,8 +119,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   enum class page_use { ready, swap, conflict };
   page_use use_of(arena& a, const chunk& c, std::size_t i) const;
   // Whether the free slot `s` can be used without a driver call (no conflict);
-  // records, per page that conflicts, what it waits for (chunk::waits).
-  bool usable(arena& a, const block* s);
+  // else records in s->wait_seen what the first page it can tell of waits for.
+  bool usable(arena& a, block* s);
   // allocate_slot's work: a usable or repaired free slot, else a new one.
   void* find_slot(arena& a, const detail::pool_request& r);
   // The free slot of `size` that needs swaps only, swapped and out of the
@@ -128,7 +132,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // the size left, else the smallest that covers it, else the largest).
   std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,
                                const std::function<bool(const block*)>& accept);
-  // The alias at page i of `c` becomes its handle's primary place again (swap).
+  // The alias at page i of `c` becomes its handle's primary place again (swap;
+  // the caller counts it in pages_revived).
   void take_back(chunk& c, std::size_t i);
   // Addresses for a new slot of `size` bytes from a's slot segments (a new
   // segment when none has room; `lock`, on a, is released meanwhile).

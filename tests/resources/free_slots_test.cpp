@@ -26,7 +26,6 @@ struct segment {
     c.base = std::uintptr_t{1} << 32;
     c.size = count * page;
     c.for_slots = true;
-    c.waits.assign(count, {});
     for (std::size_t i = 0; i < count; ++i) {
       blocks[i].address = c.base + i * page;
       blocks[i].size = page;
@@ -34,8 +33,8 @@ struct segment {
       blocks[i].slot = true;
     }
   }
-  // Slot i waits until words[i] changes.
-  void wait(std::size_t i) { c.waits[i] = {&words[i], words[i]}; }
+  // Slot i (free) waits until words[i] changes, as usable() records it.
+  void wait(std::size_t i) { blocks[i].wait_seen = {&words[i], words[i]}; }
   block* at(std::size_t i) { return &blocks[i]; }
   std::size_t index(const block* b) const { return static_cast<std::size_t>(b - blocks.data()); }
 
@@ -45,7 +44,7 @@ struct segment {
 };
 
 block* first_ready(free_slots& slots) {
-  return slots.pop_first_ready(page, page_shift, [](const block*) { return true; });
+  return slots.pop_first_ready(page, [](const block*) { return true; });
 }
 
 TEST(FreeSlots, TheLowestAddressComesFirstWhateverTheOrderOfFrees) {
@@ -142,11 +141,11 @@ TEST(FreeSlots, ASlotThatAcceptRefusesIsKnownToWaitOnlyWhenItRecordedAWait) {
     if (i == 0) seg.wait(0);
     return i >= 2;
   };
-  EXPECT_EQ(slots.pop_lowest_accepted(page, page_shift, accept), seg.at(2));
+  EXPECT_EQ(slots.pop_lowest_accepted(page, accept), seg.at(2));
   // Slot 0 is skipped from now on; slot 1, which may be usable, is not.
   EXPECT_EQ(slots.peek(page), seg.at(1));
   std::vector<std::size_t> offered;
-  EXPECT_EQ(slots.pop_lowest_accepted(page, page_shift,
+  EXPECT_EQ(slots.pop_lowest_accepted(page,
                                       [&](const block* b) {
                                         offered.push_back(seg.index(b));
                                         return seg.index(b) == 4;
