@@ -75,9 +75,12 @@ struct vmm_pool_options {
   // 1 to 3,600,000 (others: logic_error).
   unsigned idle_stream_ms = 200;
   // As pool_options: quick cache, periodic fences, capture refusal and watch.
+  // No periodic fences by default, as there: a stream fences when another asks
+  // (it wants that stream's free pages) or on its slow paths, and every W5 log
+  // held the same memory without them (docs/vmm.md, "Fences on demand").
   bool quick_cache = true;
   unsigned fence_interval = std::numeric_limits<unsigned>::max();
-  std::size_t fence_bytes = std::size_t{256} << 20;
+  std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
   bool refuse_capture = true;
   bool watch_captures = false;
 };
