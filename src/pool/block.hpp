@@ -79,8 +79,8 @@ struct chunk {
   // What a page's blocks do, in one record so that a block taken or freed
   // touches one cache line per page (W2).
   struct page_uses {
-    // Odd while busy: one more each time busy rises from 0 and falls back to 0
-    // (a page_wait's word).
+    // A page_wait's word: changes when busy rises from 0 or falls back to 0
+    // while a wait reads it (waited_on set), so that the wait ends.
     std::uint64_t busy_mark = 0;
     std::uint64_t freed_at = 0;  // the owner's free count when busy last fell to 0
     std::uint32_t busy = 0;      // blocks that are not free (live, pending) over the page
@@ -102,15 +102,18 @@ struct chunk {
     }
     return uses[i].busy != 0;
   }
-  // Whether every page in [from, to] is ready: a word of the bitmap at a time.
+  // Whether every page in [from, to] is ready: a word of the bitmap at a time
+  // (every allocation asks; most ranges lie within one word).
   bool all_ready(std::size_t from, std::size_t to) const noexcept {
-    for (std::size_t w = from >> 6; w <= to >> 6; ++w) {
-      const std::size_t lo = w == from >> 6 ? (from & 63) : 0;
-      const std::size_t hi = w == to >> 6 ? (to & 63) : 63;
-      const std::uint64_t mask = (~std::uint64_t{0} >> (63 - hi)) & (~std::uint64_t{0} << lo);
-      if ((ready[w] & mask) != mask) return false;
+    const std::size_t from_word = from >> 6, to_word = to >> 6;
+    const std::uint64_t head = ~std::uint64_t{0} << (from & 63);
+    const std::uint64_t tail = ~std::uint64_t{0} >> (63 - (to & 63));
+    if (from_word == to_word) return (ready[from_word] & (head & tail)) == (head & tail);
+    if ((ready[from_word] & head) != head) return false;
+    for (std::size_t w = from_word + 1; w < to_word; ++w) {
+      if (ready[w] != ~std::uint64_t{0}) return false;
     }
-    return true;
+    return (ready[to_word] & tail) == tail;
   }
   void set_ready(std::size_t i, bool on) noexcept {
     if (on) ready[i >> 6] |= std::uint64_t{1} << (i & 63);

@@ -166,13 +166,17 @@ class stream_ordered_pool {
   block* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
   // Paged pools: counts `b` in (delta 1) or out of (-1) its pages' busy counts.
   void add_busy(const block* b, int delta) noexcept;
+  // Paged pools: add_busy(b, 1) and pages_ready(b) in one pass over the pages
+  // (the quick cache's hit). A slot is counted nowhere and reads as ready.
+  bool add_busy_ready(const block* b) noexcept;
   // A page's busy rose from 0 or fell back to 0 (chunk::page_uses::busy_mark).
   static void change_busy_mark(chunk& c, chunk::page_uses& u) noexcept;
   // Paged pools: whether every page `b` touches is ready.
   bool pages_ready(const block* b) const noexcept;
   void free_into(arena& a, block* b, std::uint64_t epoch);
-  // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`.
-  void take_cached(arena& a, block* b, std::size_t bytes) noexcept;
+  // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`;
+  // whether its pages are ready (a slot's: not looked at, its taker has).
+  bool take_cached(arena& a, block* b, std::size_t bytes) noexcept;
   // The same for a slot just taken from a's free slots: it also gets its use
   // word (block::uses), which the waits of other slots compare against.
   void take_slot(arena& a, block* s, std::size_t bytes) noexcept;
@@ -327,9 +331,8 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   {
     std::lock_guard lock(a.lock);
     if (block* b = a.quick.pop(size, alignment)) [[likely]] {
-      take_cached(a, b, bytes);
       // Paged pools: a cached block counts as free for its pages, which may have moved.
-      if (page_shift == 0 || pages_ready(b)) [[likely]] return reinterpret_cast<void*>(b->address);
+      if (take_cached(a, b, bytes)) [[likely]] return reinterpret_cast<void*>(b->address);
       unready = b;
     } else if (block* f = a.free.find(need)) [[likely]] {
       block* out = carve(a, f, size, bytes, alignment);
@@ -343,11 +346,11 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   return allocate_slow(a, {.size = size, .requested = bytes, .alignment = alignment, .need = need});
 }
 
-inline void stream_ordered_pool::take_cached(arena& a, block* b, std::size_t bytes) noexcept {
+inline bool stream_ordered_pool::take_cached(arena& a, block* b, std::size_t bytes) noexcept {
   b->cached = false;
   b->requested_bytes = bytes;
   a.used_bytes += b->size;
-  if (page_shift != 0) add_busy(b, 1);
+  return page_shift == 0 || add_busy_ready(b);
 }
 
 inline void stream_ordered_pool::take_slot(arena& a, block* s, std::size_t bytes) noexcept {
@@ -363,11 +366,11 @@ inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
 }
 
 inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u) noexcept {
-  if (u.busy_mark & waited_on) [[unlikely]] {  // Note [Slots known to wait]
-    u.busy_mark &= ~waited_on;
+  // Only a mark that a wait reads must change (Note [Slots known to wait]).
+  if (u.busy_mark & waited_on) [[unlikely]] {
+    u.busy_mark = (u.busy_mark & ~waited_on) + 1;
     c.owner->slots.wake();
   }
-  ++u.busy_mark;
 }
 
 inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
@@ -376,24 +379,37 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   // cache (chunk::page_busy), nothing to count. freed_at orders the pages of free
   // and quick-cached blocks (take_pages), which a segment of slots never holds.
   if (b->slot) return;
-  chunk& c = *b->owner;
-  const std::size_t first = (b->address - c.base) >> page_shift;
-  const std::size_t last = (b->address + b->size - 1 - c.base) >> page_shift;
   if (delta > 0) {
-    for (std::size_t i = first; i <= last; ++i) {
-      chunk::page_uses& u = c.uses[i];
-      if (u.busy++ == 0) change_busy_mark(c, u);
-    }
-  } else {
-    const std::uint64_t now = c.owner->frees;
-    for (std::size_t i = first; i <= last; ++i) {
-      chunk::page_uses& u = c.uses[i];
-      if (--u.busy == 0) {
-        u.freed_at = now;
-        change_busy_mark(c, u);
-      }
+    add_busy_ready(b);
+    return;
+  }
+  chunk& c = *b->owner;
+  const std::uintptr_t offset = b->address - c.base;
+  const std::size_t first = offset >> page_shift;
+  const std::size_t last = (offset + b->size - 1) >> page_shift;
+  const std::uint64_t now = c.owner->frees;
+  for (std::size_t i = first; i <= last; ++i) {
+    chunk::page_uses& u = c.uses[i];
+    if (--u.busy == 0) {
+      u.freed_at = now;
+      change_busy_mark(c, u);
     }
   }
+}
+
+inline bool stream_ordered_pool::add_busy_ready(const block* b) noexcept {
+  if (b->slot) return true;
+  chunk& c = *b->owner;
+  const std::uintptr_t offset = b->address - c.base;
+  const std::size_t first = offset >> page_shift;
+  const std::size_t last = (offset + b->size - 1) >> page_shift;
+  bool ready = true;
+  for (std::size_t i = first; i <= last; ++i) {
+    chunk::page_uses& u = c.uses[i];
+    if (u.busy++ == 0) change_busy_mark(c, u);
+    ready = ready && c.is_ready(i);
+  }
+  return ready;
 }
 
 inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {

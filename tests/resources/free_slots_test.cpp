@@ -3,6 +3,7 @@
 // to wait skipped until a wake (Note [Slots known to wait]).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -166,6 +167,27 @@ TEST(FreeSlots, SizesKeepRowsOfTheirOwn) {
   EXPECT_EQ(slots.peek(2 * page), seg.at(0));
   EXPECT_EQ(slots.peek(page), seg.at(2));
   EXPECT_EQ(slots.bytes(), 6 * page);
+}
+
+// chunk::all_ready, which every allocation of a paged pool asks, against the
+// bits one by one: ranges within a word, across two, and across several.
+TEST(PageBitmap, AllReadyAgreesWithTheBitsOneByOne) {
+  chunk c;
+  constexpr std::size_t pages = 300;
+  c.ready.assign((pages + 63) / 64, 0);
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    // Mostly ready, a few holes, so that long ranges are sometimes all ready.
+    for (std::size_t i = 0; i < pages; ++i) c.set_ready(i, rng() % 50 != 0);
+    for (int q = 0; q < 200; ++q) {
+      const std::size_t from = rng() % pages;
+      const std::size_t span = q % 3 == 0 ? rng() % 8 : rng() % (pages - from);
+      const std::size_t to = std::min(pages - 1, from + span);
+      bool expected = true;
+      for (std::size_t i = from; i <= to; ++i) expected = expected && c.is_ready(i);
+      ASSERT_EQ(c.all_ready(from, to), expected) << "pages " << from << " to " << to;
+    }
+  }
 }
 
 }  // namespace
