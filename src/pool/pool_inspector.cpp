@@ -70,7 +70,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
           if (a->live.find(b->address) != nullptr) return "a free block is in the live map";
           continue;
         }
-        if (page != 0 && !b->cached) {  // quick-cached blocks count as free for their pages
+        if (page != 0 && !(b->cached && b->slot)) {  // quick-cached blocks keep their pages busy; free slots do not
           for (std::size_t q = (b->address - c->base) / page; q <= (b->address + b->size - 1 - c->base) / page; ++q) {
             ++busy[q];
           }

@@ -218,10 +218,20 @@ void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
   a.free.insert(b);
 }
 
+// Note [Quick-cached blocks keep their pages]
+// Paged pools: a block freed into the quick cache stays busy on its pages until
+// the cache is flushed (every slow path flushes its arena's; trims and the
+// threshold flush every arena's), so its next hand-out, the hot path, touches no
+// page record and needs no check that its pages are still there: a busy page
+// never moves. What that holds back is small: quick-cached blocks are under
+// slot_min_bytes, a page by default, so none covers a whole page that could
+// move; they only keep slots and other blocks from swapping a page they share
+// until the flush.
 void stream_ordered_pool::flush_quick(arena& a) {
   a.quick.drain([&](block* b) {
     a.live.erase(b->address);
     b->cached = false;
+    if (page_shift != 0) add_busy(b, -1);
     free_into(a, b, b->free_epoch);
   });
 }

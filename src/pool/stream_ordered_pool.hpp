@@ -166,17 +166,15 @@ class stream_ordered_pool {
   block* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
   // Paged pools: counts `b` in (delta 1) or out of (-1) its pages' busy counts.
   void add_busy(const block* b, int delta) noexcept;
-  // Paged pools: add_busy(b, 1) and pages_ready(b) in one pass over the pages
-  // (the quick cache's hit). A slot is counted nowhere and reads as ready.
-  bool add_busy_ready(const block* b) noexcept;
   // A page's busy rose from 0 or fell back to 0 (chunk::page_uses::busy_mark).
   static void change_busy_mark(chunk& c, chunk::page_uses& u) noexcept;
   // Paged pools: whether every page `b` touches is ready.
   bool pages_ready(const block* b) const noexcept;
   void free_into(arena& a, block* b, std::uint64_t epoch);
-  // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`;
-  // whether its pages are ready (a slot's: not looked at, its taker has).
-  bool take_cached(arena& a, block* b, std::size_t bytes) noexcept;
+  // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`.
+  // Paged pools: its pages stayed busy, and so ready, while it was cached (Note
+  // [Quick-cached blocks keep their pages]).
+  void take_cached(arena& a, block* b, std::size_t bytes) noexcept;
   // The same for a slot just taken from a's free slots: it also gets its use
   // word (block::uses), which the waits of other slots compare against.
   void take_slot(arena& a, block* s, std::size_t bytes) noexcept;
@@ -331,9 +329,8 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   {
     std::lock_guard lock(a.lock);
     if (block* b = a.quick.pop(size, alignment)) [[likely]] {
-      // Paged pools: a cached block counts as free for its pages, which may have moved.
-      if (take_cached(a, b, bytes)) [[likely]] return reinterpret_cast<void*>(b->address);
-      unready = b;
+      take_cached(a, b, bytes);
+      return reinterpret_cast<void*>(b->address);
     } else if (block* f = a.free.find(need)) [[likely]] {
       block* out = carve(a, f, size, bytes, alignment);
       if (page_shift == 0 || pages_ready(out)) [[likely]] return reinterpret_cast<void*>(out->address);
@@ -346,11 +343,10 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   return allocate_slow(a, {.size = size, .requested = bytes, .alignment = alignment, .need = need});
 }
 
-inline bool stream_ordered_pool::take_cached(arena& a, block* b, std::size_t bytes) noexcept {
+inline void stream_ordered_pool::take_cached(arena& a, block* b, std::size_t bytes) noexcept {
   b->cached = false;
   b->requested_bytes = bytes;
   a.used_bytes += b->size;
-  return page_shift == 0 || add_busy_ready(b);
 }
 
 inline void stream_ordered_pool::take_slot(arena& a, block* s, std::size_t bytes) noexcept {
@@ -379,14 +375,17 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   // cache (chunk::page_busy), nothing to count. freed_at orders the pages of free
   // and quick-cached blocks (take_pages), which a segment of slots never holds.
   if (b->slot) return;
-  if (delta > 0) {
-    add_busy_ready(b);
-    return;
-  }
   chunk& c = *b->owner;
   const std::uintptr_t offset = b->address - c.base;
   const std::size_t first = offset >> page_shift;
   const std::size_t last = (offset + b->size - 1) >> page_shift;
+  if (delta > 0) {
+    for (std::size_t i = first; i <= last; ++i) {
+      chunk::page_uses& u = c.uses[i];
+      if (u.busy++ == 0) change_busy_mark(c, u);
+    }
+    return;
+  }
   const std::uint64_t now = c.owner->frees;
   for (std::size_t i = first; i <= last; ++i) {
     chunk::page_uses& u = c.uses[i];
@@ -395,21 +394,6 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
       change_busy_mark(c, u);
     }
   }
-}
-
-inline bool stream_ordered_pool::add_busy_ready(const block* b) noexcept {
-  if (b->slot) return true;
-  chunk& c = *b->owner;
-  const std::uintptr_t offset = b->address - c.base;
-  const std::size_t first = offset >> page_shift;
-  const std::size_t last = (offset + b->size - 1) >> page_shift;
-  bool ready = true;
-  for (std::size_t i = first; i <= last; ++i) {
-    chunk::page_uses& u = c.uses[i];
-    if (u.busy++ == 0) change_busy_mark(c, u);
-    ready = ready && c.is_ready(i);
-  }
-  return ready;
 }
 
 inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
@@ -444,12 +428,14 @@ inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream
 inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t address) {
   a.used_bytes -= b->size;
   b->free_epoch = ++a.frees;
-  if (page_shift != 0) add_busy(b, -1);  // quick-cached or free: its pages may move (paged pools)
   if (b->slot) {
-    cache_slot(a, b);
+    cache_slot(a, b);  // its pages may move (Note [Slots for large requests])
   } else if (settings.quick_cache && a.quick.push(b)) {
-    b->cached = true;  // stays in `live` so the next allocation of its size skips the map
+    // Stays in `live` so the next allocation of its size skips the map, and
+    // keeps its pages busy (Note [Quick-cached blocks keep their pages]).
+    b->cached = true;
   } else {
+    if (page_shift != 0) add_busy(b, -1);  // free: its pages may move (paged pools)
     a.live.erase(address);
     free_into(a, b, b->free_epoch);
   }

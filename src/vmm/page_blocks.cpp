@@ -21,7 +21,7 @@ namespace vm = detail::vmm;
 // at page-aligned addresses of segments. Per page the chunk records the handle
 // mapped there (`pages`, 0: none), whether that handle's primary place is there
 // (`ready`), and how many blocks that are not free touch it (`busy`: live,
-// quick-cached, pending). A handle has one primary place and may have aliases:
+// quick-cached, pending; Note [Quick-cached blocks keep their pages]). A handle has one primary place and may have aliases:
 // older places where it is still mapped (`homes`).
 //
 // Invariants:
@@ -127,7 +127,8 @@ page_span whole_pages(const detail::block* b, std::size_t page) {
 
 std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std::vector<std::uint64_t>& out,
                                                 const std::function<bool(const block*)>& accept) {
-  // Every free page with its handle, in free and quick-cached blocks.
+  // Every free page with its handle, in free blocks (quick-cached ones keep
+  // theirs: Note [Quick-cached blocks keep their pages]).
   struct candidate {
     std::uint64_t freed_at;
     chunk* c;
@@ -150,9 +151,6 @@ std::size_t vmm_pool_resource::impl::take_pages(arena& s, std::size_t count, std
   s.free.find_if(page, [&](const block* b) {
     gather(b);
     return false;
-  });
-  s.quick.for_each([&](const block* b) {
-    if (b->size >= page) gather(b);
   });
   // The most recently freed first. A loop uses its blocks in the same order at
   // every step, so the page freed last is the one needed again last: taking it
@@ -312,14 +310,11 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
 
 template <class F>
 void vmm_pool_resource::impl::for_each_settled_free(arena& s, F&& f) {
-  // Free blocks, then blocks waiting in the quick cache and free slots: none is
-  // busy, and each is settled when its free is.
+  // Free blocks, then free slots: none is busy, and each is settled when its
+  // free is. (Quick-cached blocks keep their pages busy until flushed.)
   s.free.find_if(page, [&](const block* b) {
     if (is_settled(s, b->free_epoch)) f(b);
     return false;
-  });
-  s.quick.for_each([&](const block* b) {
-    if (is_settled(s, b->free_epoch)) f(b);
   });
   s.slots.for_each_until([&](const block* b) {
     if (is_settled(s, b->free_epoch)) f(b);
