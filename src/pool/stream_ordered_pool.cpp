@@ -220,7 +220,7 @@ void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
 
 // Note [Quick-cached blocks keep their pages]
 // Paged pools: a block freed into the quick cache stays busy on its pages until
-// the cache is flushed (every slow path flushes its arena's; trims and the
+// the cache is flushed (the small blocks' slow path flushes its arena's; trims and the
 // threshold flush every arena's), so its next hand-out, the hot path, touches no
 // page record and needs no check that its pages are still there: a busy page
 // never moves. What that holds back is small: quick-cached blocks are under
