@@ -70,13 +70,6 @@ class quick_cache {
     count_ = 0;
   }
 
-  // Calls f on every cached block (paged pools take whole pages from them).
-  template <class F>
-  void for_each(F&& f) const {
-    for (const slot& e : slots_) {
-      for (block* b = e.head; b != nullptr; b = b->next_free) f(b);
-    }
-  }
 
   std::size_t bytes() const noexcept { return bytes_; }
   std::size_t count() const noexcept { return count_; }

@@ -220,8 +220,8 @@ void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
 
 // Note [Quick-cached blocks keep their pages]
 // Paged pools: a block freed into the quick cache stays busy on its pages until
-// the cache is flushed (the small blocks' slow path flushes its arena's; trims and the
-// threshold flush every arena's), so its next hand-out, the hot path, touches no
+// the cache is flushed (the small blocks' slow path flushes its arena's; trims
+// and the threshold flush every arena's), so its next hand-out, the hot path, touches no
 // page record and needs no check that its pages are still there: a busy page
 // never moves. What that holds back is small: quick-cached blocks are under
 // slot_min_bytes, a page by default, so none covers a whole page that could

@@ -373,7 +373,7 @@ inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
   // A slot's pages are its own (whole pages, never shared: Note [Slots for large
   // requests]): whether they are busy is whether the slot is out of the slot
   // cache (chunk::page_busy), nothing to count. freed_at orders the pages of free
-  // and quick-cached blocks (take_pages), which a segment of slots never holds.
+  // blocks (take_pages), which a segment of slots never holds.
   if (b->slot) return;
   chunk& c = *b->owner;
   const std::uintptr_t offset = b->address - c.base;

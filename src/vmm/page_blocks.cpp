@@ -21,8 +21,9 @@ namespace vm = detail::vmm;
 // at page-aligned addresses of segments. Per page the chunk records the handle
 // mapped there (`pages`, 0: none), whether that handle's primary place is there
 // (`ready`), and how many blocks that are not free touch it (`busy`: live,
-// quick-cached, pending; Note [Quick-cached blocks keep their pages]). A handle has one primary place and may have aliases:
-// older places where it is still mapped (`homes`).
+// quick-cached, pending; Note [Quick-cached blocks keep their pages]). A handle
+// has one primary place and may have aliases: older places where it is still
+// mapped (`homes`).
 //
 // Invariants:
 //  - a page that a block which is not free touches is ready (busy > 0 implies
