@@ -14,7 +14,9 @@
 //  - at S's next free or slow path after another stream asked (`fence_requested`:
 //    it found S's free memory it could use unfenced, or S's lock busy);
 //  - on S's slow paths that make blocks usable by others (absorbing pending
-//    frees) and on a free on S of another arena's block (deallocate_foreign);
+//    frees; in a paged pool only when asked, since the stream that freed a
+//    slot takes its pages without one: Note [Swaps across streams]) and on a
+//    free on S of another arena's block (deallocate_foreign);
 //  - on trim(S);
 //  - every `fence_interval` frees or `fence_bytes` freed while the pool serves
 //    several streams, if the options ask for it (by default they do not).
@@ -51,9 +53,11 @@
 // after waiting on U's fence (on the device), when its own free blocks fall short.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <cuda.h>
@@ -73,6 +77,8 @@ struct pending_free {
   block* freed = nullptr;
   CUevent fence = nullptr;  // the freeing stream's fence, recorded after the free
   std::uint64_t sequence = 0;
+  const arena* by = nullptr;     // the freeing stream's arena
+  std::uint64_t by_fenced = 0;   // its fenced_frees when that fence was recorded
 };
 
 // Own cache lines: arenas are written by different threads on every operation.
@@ -119,13 +125,48 @@ struct alignas(64) arena {
   // Threads of this arena's stream waiting for or holding the growth mutex: a
   // stream that waits there frees nothing meanwhile and is not idle.
   std::atomic<int> growth_waiters{0};
+  // The host thread (this_thread_tag) that last took a slow path on this
+  // arena's stream: paged pools let the streams one thread drives share free
+  // pages as they go (Note [Streams that take turns], src/vmm/page_backing.cpp).
+  std::atomic<std::uintptr_t> thread_tag{0};
+
+  // Other arenas' free counts this arena's stream is ordered after: it waited
+  // on the device for their fences recorded at those counts (absorbing their
+  // frees of its blocks, or taking their pages). Paged pools read it (Note
+  // [Swaps across streams], src/vmm/page_slots.cpp). Guarded by `lock`.
+  std::vector<std::pair<const arena*, std::uint64_t>> waited;
+  void note_waited(const arena* s, std::uint64_t fenced) {
+    for (auto& [who, upto] : waited) {
+      if (who == s) {
+        upto = std::max(upto, fenced);
+        return;
+      }
+    }
+    waited.emplace_back(s, fenced);
+  }
+  std::uint64_t waited_for(const arena* s) const noexcept {
+    for (const auto& [who, upto] : waited) {
+      if (who == s) return upto;
+    }
+    return 0;
+  }
 
   bool is_fenced(const block* b) const noexcept { return b->free_epoch <= fenced_frees; }
 };
 
-// Counts a thread of `a` as waiting for (then holding) the growth mutex.
+// A word unique to the calling thread while it runs.
+inline std::uintptr_t this_thread_tag() noexcept {
+  thread_local const char tag = 0;
+  return reinterpret_cast<std::uintptr_t>(&tag);
+}
+
+// Counts a thread of `a` as waiting for (then holding) the growth mutex, and
+// notes it as the thread that drives a's stream.
 struct growth_waiter {
-  explicit growth_waiter(arena& a) noexcept : a_(a) { a_.growth_waiters.fetch_add(1, std::memory_order_relaxed); }
+  explicit growth_waiter(arena& a) noexcept : a_(a) {
+    a_.growth_waiters.fetch_add(1, std::memory_order_relaxed);
+    a_.thread_tag.store(this_thread_tag(), std::memory_order_relaxed);
+  }
   ~growth_waiter() { a_.growth_waiters.fetch_sub(1, std::memory_order_relaxed); }
   growth_waiter(const growth_waiter&) = delete;
   growth_waiter& operator=(const growth_waiter&) = delete;

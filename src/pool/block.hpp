@@ -41,6 +41,8 @@ struct block {
   // vacant addresses of a segment of slots (in no index, never handed out).
   bool slot = false;
   bool vacant = false;
+  // Freed on another stream and not yet absorbed by its arena (arena::pending).
+  bool pending = false;
   // Slots only: the slot's use word (a page_wait's word): the arena's count of
   // slot hand-outs when it was last handed out (unique in the arena, so a
   // record reused for another slot never repeats it), with slot_freed set once
@@ -51,6 +53,11 @@ struct block {
   // slot cannot be used, and the slot cache passes it with one load
   // (free_slots). Cleared when the slot is freed: its pages are its own then.
   page_wait wait_seen{};
+  // Slots only: the arena whose stream last freed it (its own, or another
+  // through deallocate_foreign). That stream ordered the end of its last use,
+  // so it may take the slot's free pages with no wait (Note [Swaps across
+  // streams], src/vmm/page_slots.cpp). Compared, never followed.
+  const arena* freed_by = nullptr;
 };
 
 inline constexpr std::uint64_t slot_freed = std::uint64_t{1} << 63;

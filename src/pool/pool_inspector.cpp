@@ -44,6 +44,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
       if (c->owner != a.get()) return "an arena lists a chunk it does not own";
       reserved += c->size;
       std::vector<std::uint32_t> busy(c->pages.size(), 0);
+      std::vector<bool> gave(c->pages.size(), false);  // under a pending slot (Note [Swaps across streams])
       std::uintptr_t at = c->base;
       const block* prev = nullptr;
       for (const block* b = c->first; b != nullptr; prev = b, b = b->next_in_chunk) {
@@ -73,6 +74,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         if (page != 0 && !(b->cached && b->slot)) {  // quick-cached blocks keep their pages busy; free slots do not
           for (std::size_t q = (b->address - c->base) / page; q <= (b->address + b->size - 1 - c->base) / page; ++q) {
             ++busy[q];
+            if (b->slot && b->pending) gave[q] = true;
           }
         }
         if (b->cached) {
@@ -80,10 +82,12 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
           if (a->live.find(b->address) != b) return "a cached block is missing from the live map";
         } else if (pending.count(b) != 0) {
           if (a->live.find(b->address) != nullptr) return "a pending block is in the live map";
+          if (!b->pending) return "a pending block is not marked pending";
         } else {
           ++live;
           used += b->size;
           if (a->live.find(b->address) != b) return "a live block is missing from the live map";
+          if (b->pending) return "a live block is marked pending";
           if (b->requested_bytes == 0 || b->requested_bytes > b->size) return "a live block's requested size is wrong";
         }
       }
@@ -102,7 +106,8 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
               << " blocks that are not free, its record says " << (c->for_slots ? int(c->page_busy(q)) : int(c->uses[q].busy));
           return why.str();
         }
-        if (busy[q] != 0 && !c->is_ready(q)) return "a page under a block that is not free has no memory of its own";
+        // A pending slot may have given its pages to the stream that freed it.
+        if (busy[q] != 0 && !gave[q] && !c->is_ready(q)) return "a page under a block that is not free has no memory of its own";
       }
     }
     if (free_bytes != a->free.bytes() || free_count != a->free.count()) {

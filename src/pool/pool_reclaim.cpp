@@ -112,6 +112,7 @@ void* pool_resource::impl::take_from_others(arena& a, const detail::pool_request
         block* b = s->pending[i].freed;
         if (b->size >= r.size && b->address % r.alignment == 0) {
           taken = b;
+          taken->pending = false;
           fence = s->pending[i].fence;
           s->pending[i] = s->pending.back();
           s->pending.pop_back();

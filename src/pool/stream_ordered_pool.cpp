@@ -444,6 +444,7 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
 }
 
 void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch) {
+  b->pending = false;
   if (page_shift != 0) add_busy(b, -1);
   if (b->slot) {
     b->free_epoch = epoch;
@@ -480,18 +481,22 @@ void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size
     }
   }
   CUevent fence = nullptr;
+  std::uint64_t fenced = 0;
   {
     // Order the free after the caller's stream's work so far.
     std::lock_guard lock(caller.lock);
     record_fence(caller);
     fence = caller.fence;
+    fenced = caller.fenced_frees;
   }
   std::lock_guard lock(owner->lock);
   block* b = owner->live.find(address);
   if (b == nullptr || b->cached) throw not_ours();  // freed by another thread meanwhile
   owner->live.erase(address);
   owner->used_bytes -= b->size;
-  owner->pending.push_back({b, fence, ++owner->pending_sequence});
+  b->freed_by = &caller;
+  b->pending = true;
+  owner->pending.push_back({b, fence, ++owner->pending_sequence, &caller, fenced});
 }
 
 void stream_ordered_pool::wait_for(arena& waiter, CUevent fence) {
@@ -516,6 +521,7 @@ bool stream_ordered_pool::absorb_pending(arena& a) {
   bool absorbed = false;
   for (std::size_t i = 0; i < a.pending.size();) {
     if (a.pending[i].sequence <= upto) {
+      a.note_waited(a.pending[i].by, a.pending[i].by_fenced);  // its fence was waited for above
       release_block(a, a.pending[i].freed, ++a.frees);
       a.pending[i] = a.pending.back();
       a.pending.pop_back();
@@ -524,7 +530,11 @@ bool stream_ordered_pool::absorb_pending(arena& a) {
       ++i;
     }
   }
-  if (absorbed) record_fence(a);  // the absorbed blocks become usable by others too
+  // The absorbed blocks become usable by other streams too, once fenced. A
+  // paged pool fences them on demand (another stream asks): the stream that
+  // freed a slot takes its pages with no fence (block::freed_by, Note [Swaps
+  // across streams]), and a record here was one per absorb.
+  if (absorbed && (page_shift == 0 || a.fence_requested.load(std::memory_order_relaxed))) record_fence(a);
   return absorbed;
 }
 

@@ -429,6 +429,7 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
   a.used_bytes -= b->size;
   b->free_epoch = ++a.frees;
   if (b->slot) {
+    b->freed_by = &a;
     cache_slot(a, b);  // its pages may move (Note [Slots for large requests])
   } else if (settings.quick_cache && a.quick.push(b)) {
     // Stays in `live` so the next allocation of its size skips the map, and

@@ -20,12 +20,14 @@ namespace vm = detail::vmm;
 // slots) comes from, in order:
 //  0. the device, while the pool holds less than the peak of the bytes in use
 //     so far plus the slack: 1/16 of it, and two pages (below), and what Note
-//     [A time budget for moves] adds. Where streams work at once, "the peak" is
-//     the larger of the peak of their sum and the sum of their own peaks (idle
-//     streams count what they use; a stream waiting for the growth mutex is not
-//     idle): each stream holds its own peak, so one that peaks while another
-//     does not is not left to move its own free pages under its blocks at every
-//     step (docs/benchmarks-history.md, W3 and the default pool);
+//     [A time budget for moves] adds. Where streams of different threads work
+//     at once, "the peak" is the larger of the peak of their sum and the sum
+//     of their own peaks (idle streams count what they use; a stream waiting
+//     for the growth mutex is not idle; the streams of one thread count as one,
+//     Note [Streams that take turns]): each stream holds its own peak, so one
+//     that peaks while another does not is not left to move its own free pages
+//     under its blocks at every step (docs/benchmarks-history.md, W3 and the
+//     default pool);
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
 //     their handle; the most recently freed first): its stream orders their reuse;
 //  2. idle streams' settled free pages (a stream that has freed nothing for
@@ -34,11 +36,14 @@ namespace vm = detail::vmm;
 //     later look;
 //  3. the arena's free slots' pages, whole slots first (a new slot is stitched
 //     from whole free slots the same way: page_slots.cpp);
-//  4. the device, within maximum_bytes;
-//  5. when the device or the budget refuses: busy streams' settled free pages,
-//  6. then other streams' fenced free pages, the arena's stream waiting for
+//  4. the fenced free pages of the other streams this thread drives, the
+//     arena's stream waiting for their fences on the device (Note [Streams
+//     that take turns], swaps_across_streams.cpp);
+//  5. the device, within maximum_bytes;
+//  6. when the device or the budget refuses: busy streams' settled free pages,
+//  7. then other streams' fenced free pages, the arena's stream waiting for
 //     their fences on the device (cuStreamWaitEvent; never the host).
-// When even step 6 finds too few, the engine synchronises the device (every
+// When even step 7 finds too few, the engine synchronises the device (every
 // free is then settled) and tries once more before it fails.
 //
 // The pool asks the device for memory only when none of its own can move
@@ -50,7 +55,7 @@ namespace vm = detail::vmm;
 //    would otherwise move them at every step: 1/16 of the peak, as the memory
 //    target is 1.10 x the peak live bytes and rounding to pages takes some of
 //    the rest;
-//  - streams that work at the same time keep what they freed (step 5 only
+//  - streams of different threads keep what they freed (steps 6 and 7 only
 //    under pressure): taking a busy stream's pages makes it take pages back a
 //    moment later, a move for each, and ties the streams' speed to the growth
 //    mutex. The pool then holds about the sum of the streams' own peaks rather
@@ -162,7 +167,24 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
     if (out.size() < count) take_whole_slots(*s, count - out.size(), out, settled);
     if (s->fenced_frees < s->frees) s->fence_requested.store(true, std::memory_order_relaxed);
   };
-  if (out.size() < count && pool.settings.reuse_across_streams) {
+  // Fenced free pages of s, a's stream waiting for s's fence on the device.
+  auto take_fenced = [&](arena* s) {
+    const std::size_t before = out.size();
+    bool wait = false;
+    auto fenced = [&](const block* b) {
+      if (b->slot && b->freed_by == &a) return true;  // a's own stream freed it
+      wait = wait || !is_settled(*s, b->free_epoch);
+      return s->is_fenced(b);
+    };
+    take_pages(*s, count - out.size(), out, fenced);
+    if (out.size() < count) take_whole_slots(*s, count - out.size(), out, fenced);
+    if (out.size() > before && wait) {
+      pool.wait_for(a, s->fence);
+      a.note_waited(s, s->fenced_frees);
+    }
+  };
+  const bool across = pool.settings.reuse_across_streams;
+  if (out.size() < count && across) {
     const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     for (arena* s : others) {
       std::lock_guard lock(s->lock);
@@ -172,27 +194,27 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
   }
   // 3. The arena's free slots' pages, whole slots first.
   if (out.size() < count) take_whole_slots(a, count - out.size(), out, [](const block*) { return true; });
-  // 4. The device, within the budget.
-  if (out.size() < count) created += create_pages(count - out.size(), out);
-  // 5. Busy streams' settled free pages.
-  if (out.size() < count && pool.settings.reuse_across_streams) {
-    for (arena* s : others) {
-      std::lock_guard lock(s->lock);
-      take_settled(s);
-      if (out.size() == count) break;
-    }
+  // 4. The fenced free pages of the streams this thread drives (Note [Streams that take turns]).
+  for (arena* s : others) {
+    if (out.size() == count || !across) break;
+    if (!take_turns(a, *s)) continue;
+    std::lock_guard lock(s->lock);
+    take_fenced(s);
+    if (s->fenced_frees < s->frees) s->fence_requested.store(true, std::memory_order_relaxed);
   }
-  // 6. Other streams' fenced free pages, after a device-side wait on their fences.
-  if (out.size() < count && pool.settings.reuse_across_streams) {
-    for (arena* s : others) {
-      std::lock_guard lock(s->lock);
-      const std::size_t before = out.size();
-      auto fenced = [&](const block* b) { return s->is_fenced(b); };
-      take_pages(*s, count - out.size(), out, fenced);
-      if (out.size() < count) take_whole_slots(*s, count - out.size(), out, fenced);
-      if (out.size() > before) pool.wait_for(a, s->fence);
-      if (out.size() == count) break;
-    }
+  // 5. The device, within the budget.
+  if (out.size() < count) created += create_pages(count - out.size(), out);
+  // 6. Busy streams' settled free pages.
+  for (arena* s : others) {
+    if (out.size() == count || !across) break;
+    std::lock_guard lock(s->lock);
+    take_settled(s);
+  }
+  // 7. Other streams' fenced free pages, after a device-side wait on their fences.
+  for (arena* s : others) {
+    if (out.size() == count || !across) break;
+    std::lock_guard lock(s->lock);
+    take_fenced(s);
   }
   note_moved(out.size() - created);
   return out;

@@ -84,13 +84,23 @@ void vmm_pool_resource::impl::settle(arena& a) {
 void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& others) {
   a.peak_used_bytes = std::max(a.peak_used_bytes, a.used_bytes);
   std::size_t used = a.used_bytes;
-  std::size_t peaks = a.peak_used_bytes;
+  std::size_t peaks = 0;
+  // The streams this thread drives count as one: what they use now
+  // (Note [Streams that take turns]); a stream alone on its thread, its own peak.
+  std::size_t turns_used = a.used_bytes;
+  bool turns = false;
   const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   for (arena* s : others) {
     std::lock_guard lock(s->lock);
     used += s->used_bytes;
-    peaks += is_busy(*s, now) ? s->peak_used_bytes : s->used_bytes;
+    if (take_turns(a, *s)) {
+      turns_used += s->used_bytes;
+      turns = true;
+    } else {
+      peaks += is_busy(*s, now) ? s->peak_used_bytes : s->used_bytes;
+    }
   }
+  peaks += turns ? turns_used : a.peak_used_bytes;
   peak_used = std::max(peak_used, used);
   busy_peaks = peaks;
 }

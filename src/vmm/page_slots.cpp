@@ -269,8 +269,12 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
   const std::vector<arena*> others = pool.arenas_except(&a);
   pool.absorb_pending(a);  // slots other streams freed back to this one
   std::unique_lock lock(a.lock);
-  // 1. A free slot that needs swaps only (take_usable).
+  // 1. A free slot that needs swaps only (take_usable), or swaps with the free
+  //    pages of streams this thread drives too (Note [Swaps across streams]).
   if (block* s = take_usable(a, r.size)) return hand_out(a, s, r.requested);
+  if (pool.settings.reuse_across_streams && !others.empty()) {
+    if (block* s = take_usable_across(a, r.size)) return hand_out(a, s, r.requested);
+  }
   //    Failing that, only while the size has many free slots, the one that
   //    needs the fewest remapped, repaired when under half (Note [Slots for
   //    large requests]).

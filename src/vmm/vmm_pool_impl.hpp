@@ -126,6 +126,24 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // The free slot of `size` that needs swaps only, swapped and out of the
   // cache, or null (a's lock held; the growth mutex, shared at least).
   block* take_usable(arena& a, std::size_t size);
+  // Across streams (Note [Swaps across streams]; the growth mutex held
+  // exclusively, a's lock held, other arenas' locks taken one at a time):
+  // what a's stream needs to take the handle whose primary place `there` is
+  // in s (s's lock held): nothing (ordered: its free is settled, or a's
+  // stream freed it or waited past it), a device-side wait on s's fence, or
+  // it cannot (in use, or its free not fenced);
+  enum class order_across { none, ordered, after_wait };
+  static order_across order_of(const arena& a, const arena& s, page_ref there);
+  // whether the free slot `s` needs swaps only, some with other arenas;
+  bool usable_across(arena& a, const block* s);
+  // the lowest-addressed such slot of `size`, swapped and out of the cache, or null;
+  block* take_usable_across(arena& a, std::size_t size);
+  // the alias at page i of c (in a) takes its handle back from another arena
+  // when it is still free and fenced there (else false, nothing changed),
+  // adding that arena to `waits` when its free is not settled yet;
+  bool take_back_across(arena& a, chunk& c, std::size_t i, std::vector<arena*>& waits);
+  // a's stream waits on the device for the fences of `waits`.
+  void wait_across(arena& a, const std::vector<arena*>& waits);
   // Hands out the slot `s` (a's lock held).
   void* hand_out(arena& a, block* s, std::size_t requested);
   // Takes up to `count` pages of a's free slots, whole slots first (the one of
@@ -150,6 +168,12 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // Updates peak_used with what every arena has in use now, a's own peak, and
   // busy_peaks (a's lock held).
   void note_peak(arena& a, const std::vector<arena*>& others);
+  // Whether the streams of a and s are driven by one thread, which takes them
+  // in turns (Note [Streams that take turns], page_backing.cpp).
+  static bool take_turns(const arena& a, const arena& s) noexcept {
+    const std::uintptr_t t = a.thread_tag.load(std::memory_order_relaxed);
+    return t != 0 && t == s.thread_tag.load(std::memory_order_relaxed);
+  }
   // Whether `s` freed something within idle_ns of `now` or waits for the growth
   // mutex (s's lock held).
   bool is_busy(arena& s, std::int64_t now) const;

@@ -11,7 +11,9 @@
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "pool/pool_inspector.hpp"
 #include "support/touch.hpp"
+#include "support/worker.hpp"
 #include "vmm/move_budget.hpp"
 
 namespace gpumem::test {
@@ -24,23 +26,27 @@ class VmmPoolStreams : public ::testing::Test {
   }
 };
 
-TEST_F(VmmPoolStreams, ABusyStreamKeepsWhatItFreedWhileTheDeviceHasMemory) {
+TEST_F(VmmPoolStreams, ABusyStreamOfAnotherThreadKeepsWhatItFreedWhileTheDeviceHasMemory) {
   vmm_pool_options o;
   o.fence_interval = 1;  // every free fenced while the pool serves several streams
   vmm_pool_resource pool(0, o);
   const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
-  void* first = pool.allocate(g, b);  // b first: a's frees are fenced, and settled once a is synchronised
-  void* p = pool.allocate(8 * g, a);
-  pool.deallocate(p, 8 * g, a);
-  a.synchronize();
+  worker on_a, on_b;  // each stream driven by a thread of its own
+  void* first = on_b.run([&] { return pool.allocate(g, b); });  // b first: a's frees are fenced, and settled once a is synchronised
+  void* p = on_a.run([&] {
+    void* x = pool.allocate(8 * g, a);
+    pool.deallocate(x, 8 * g, a);
+    a.synchronize();
+    return x;
+  });
   const vmm_pool_statistics before = pool.statistics();
-  void* q = pool.allocate(8 * g, b);
+  void* q = on_b.run([&] { return pool.allocate(8 * g, b); });
   const vmm_pool_statistics after = pool.statistics();
   EXPECT_EQ(after.pages_created - before.pages_created, 8U) << "b got new pages";
   EXPECT_EQ(after.pages_moved, before.pages_moved) << "a's pages stayed where a will want them";
   // a's next request of the size finds its slot with its pages: no driver call.
-  void* again = pool.allocate(8 * g, a);
+  void* again = on_a.run([&] { return pool.allocate(8 * g, a); });
   EXPECT_EQ(again, p);
   const vmm_pool_statistics last = pool.statistics();
   EXPECT_EQ(last.pages_created, after.pages_created);
@@ -49,11 +55,14 @@ TEST_F(VmmPoolStreams, ABusyStreamKeepsWhatItFreedWhileTheDeviceHasMemory) {
   device_fill(again, 8 * g, 0x22, a);
   EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x21, b), 0U);
   EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x22, a), 0U);
-  pool.deallocate(q, 8 * g, b);
-  pool.deallocate(first, g, b);
-  pool.deallocate(again, 8 * g, a);
+  on_b.run([&] {
+    pool.deallocate(q, 8 * g, b);
+    pool.deallocate(first, g, b);
+  });
+  on_a.run([&] { pool.deallocate(again, 8 * g, a); });
   a.synchronize();
   b.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
 }
 
 TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
@@ -63,26 +72,115 @@ TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
   vmm_pool_resource pool(0, o);
   const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
-  void* first = pool.allocate(g, b);  // b first: a's frees are then fenced
-  void* p = pool.allocate(8 * g, a);
-  pool.deallocate(p, 8 * g, a);
-  a.synchronize();
+  worker on_a, on_b;  // each stream driven by a thread of its own
+  void* first = on_b.run([&] { return pool.allocate(g, b); });  // b first: a's frees are then fenced
+  on_a.run([&] {
+    void* p = pool.allocate(8 * g, a);
+    pool.deallocate(p, 8 * g, a);
+    a.synchronize();
+  });
   // b's next request looks at a, which has just freed (busy), and gets new pages.
-  void* second = pool.allocate(2 * g, b);
+  void* second = on_b.run([&] { return pool.allocate(2 * g, b); });
   // a frees nothing for longer than the pool's idle time (idle_stream_ms).
   std::this_thread::sleep_for(std::chrono::milliseconds(60));
   const vmm_pool_statistics before = pool.statistics();
-  void* q = pool.allocate(8 * g, b);
+  void* q = on_b.run([&] { return pool.allocate(8 * g, b); });
   const vmm_pool_statistics after = pool.statistics();
   EXPECT_EQ(after.pages_created, before.pages_created) << "b took idle a's pages";
   EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
   EXPECT_EQ(after.mapped_bytes, 11 * g);
   device_fill(q, 8 * g, 0x23, b);
   EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x23, b), 0U);
-  pool.deallocate(q, 8 * g, b);
-  pool.deallocate(second, 2 * g, b);
-  pool.deallocate(first, g, b);
+  on_b.run([&] {
+    pool.deallocate(q, 8 * g, b);
+    pool.deallocate(second, 2 * g, b);
+    pool.deallocate(first, g, b);
+  });
   b.synchronize();
+}
+
+// Note [Streams that take turns]: the streams one thread drives share their
+// fenced free pages before the device is asked, and take them back by
+// swapping (Note [Swaps across streams]) once the pages are mapped in both.
+TEST_F(VmmPoolStreams, StreamsOfOneThreadShareTheirFreePagesAndSwapThemBack) {
+  vmm_pool_options o;
+  o.fence_interval = 1;  // every free fenced
+  vmm_pool_resource pool(0, o);
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0);
+  void* first = pool.allocate(g, b);  // b first: a's frees are fenced
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  const vmm_pool_statistics before = pool.statistics();
+  void* q = pool.allocate(8 * g, b);
+  const vmm_pool_statistics took = pool.statistics();
+  EXPECT_EQ(took.pages_created, before.pages_created) << "b took a's free pages, not the device's";
+  EXPECT_EQ(took.pages_moved - before.pages_moved, 8U);
+  EXPECT_EQ(took.mapped_bytes, 9 * g);
+  device_fill(q, 8 * g, 0x31, b);
+  pool.deallocate(q, 8 * g, b);
+  // a's slot still has those pages mapped, as aliases: it takes them back by
+  // swapping (b's free is fenced; a waits for it on the device), no driver call
+  // to map, and the same for b after a frees again.
+  void* again = pool.allocate(8 * g, a);
+  EXPECT_EQ(again, p);
+  device_fill(again, 8 * g, 0x32, a);
+  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x32, a), 0U);
+  pool.deallocate(again, 8 * g, a);
+  void* q2 = pool.allocate(8 * g, b);
+  EXPECT_EQ(q2, q);
+  const vmm_pool_statistics swapped = pool.statistics();
+  EXPECT_EQ(swapped.pages_created, took.pages_created);
+  EXPECT_EQ(swapped.pages_moved, took.pages_moved) << "swaps, not moves";
+  EXPECT_EQ(swapped.pages_revived - took.pages_revived, 16U);
+  EXPECT_EQ(swapped.mapped_bytes, 9 * g);
+  device_fill(q2, 8 * g, 0x33, b);
+  EXPECT_EQ(device_count_mismatches(q2, 8 * g, 0x33, b), 0U);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  pool.deallocate(q2, 8 * g, b);
+  pool.deallocate(first, g, b);
+  a.synchronize();
+  b.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
+// A slot that stream a frees for stream b (deallocate on a) is free for a at
+// once, before b has absorbed it: a's own stream ordered the free.
+TEST_F(VmmPoolStreams, AStreamTakesBackPagesOfASlotItFreedForAnotherStreamOfItsThread) {
+  vmm_pool_options o;
+  o.fence_interval = 1;
+  vmm_pool_resource pool(0, o);
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0);
+  void* first = pool.allocate(g, b);
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  void* q = pool.allocate(8 * g, b);  // a's pages, moved (as in the test above)
+  device_fill(q, 8 * g, 0x41, b);
+  b.synchronize();                    // b's use ends before the free on a, as a program must order it
+  pool.deallocate(q, 8 * g, a);       // freed on a: pending in b's arena
+  const vmm_pool_statistics before = pool.statistics();
+  void* again = pool.allocate(8 * g, a);
+  const vmm_pool_statistics after = pool.statistics();
+  EXPECT_EQ(again, p);
+  EXPECT_EQ(after.pages_created, before.pages_created);
+  EXPECT_EQ(after.pages_moved, before.pages_moved);
+  EXPECT_EQ(after.pages_revived - before.pages_revived, 8U);
+  device_fill(again, 8 * g, 0x42, a);
+  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x42, a), 0U);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "") << "a pending slot may have given its pages";
+  pool.deallocate(again, 8 * g, a);
+  // b absorbs its slot (its pages now aliases) and takes them back in turn.
+  void* q2 = pool.allocate(8 * g, b);
+  EXPECT_EQ(q2, q);
+  device_fill(q2, 8 * g, 0x43, b);
+  EXPECT_EQ(device_count_mismatches(q2, 8 * g, 0x43, b), 0U);
+  EXPECT_EQ(pool.statistics().pages_moved, after.pages_moved);
+  pool.deallocate(q2, 8 * g, b);
+  pool.deallocate(first, g, b);
+  a.synchronize();
+  b.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
 }
 
 TEST_F(VmmPoolStreams, AnotherStreamsFreePagesMoveWhenTheBudgetIsReached) {
