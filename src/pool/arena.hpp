@@ -129,6 +129,8 @@ struct alignas(64) arena {
   // arena's stream: paged pools let the streams one thread drives share free
   // pages as they go (Note [Streams that take turns], src/vmm/page_backing.cpp).
   std::atomic<std::uintptr_t> thread_tag{0};
+  // Paged pools: another stream was seen driven by the same thread (`lock`).
+  bool takes_turns = false;
 
   // Other arenas' free counts this arena's stream is ordered after: it waited
   // on the device for their fences recorded at those counts (absorbing their

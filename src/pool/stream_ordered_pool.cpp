@@ -426,14 +426,14 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   growth_waiter waiting(a);
   {
     std::shared_lock reusing(growth_mutex);
-    if (void* p = backing->reuse_slot(a, r)) return p;
+    if (void* p = backing->reuse_slot(a, r, false)) return p;
   }
   // Slots other streams freed back to this one (no growth mutex needed), before
   // the exclusive path: with streams that free each other's blocks, that is
   // where most misses end (W5's data-pipeline).
   if (absorb_pending(a)) {
     std::shared_lock reusing(growth_mutex);
-    if (void* p = backing->reuse_slot(a, r)) return p;
+    if (void* p = backing->reuse_slot(a, r, true)) return p;
   }
   std::lock_guard growing(growth_mutex);
   if (void* p = backing->allocate_slot(a, r)) return p;

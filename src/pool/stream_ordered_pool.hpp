@@ -90,8 +90,9 @@ class pool_backing {
   virtual void* allocate_slot(arena& a, const pool_request& r);
   // Paged pools: a free slot for the request that needs no driver call, or
   // null; the growth mutex held shared (no thread grows meanwhile, other
-  // threads may reuse slots of other arenas).
-  virtual void* reuse_slot(arena&, const pool_request&) { return nullptr; }
+  // threads may reuse slots of other arenas). `absorbed`: the frees other
+  // streams made of a's blocks were just absorbed.
+  virtual void* reuse_slot(arena&, const pool_request&, bool /*absorbed*/) { return nullptr; }
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
   // Requests that need more than this fail at once, without a device synchronisation.

@@ -101,6 +101,7 @@ void vmm_pool_resource::impl::note_peak(arena& a, const std::vector<arena*>& oth
     }
   }
   peaks += turns ? turns_used : a.peak_used_bytes;
+  a.takes_turns = a.takes_turns || turns;
   peak_used = std::max(peak_used, used);
   busy_peaks = peaks;
 }

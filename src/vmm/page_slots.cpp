@@ -218,16 +218,23 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
 // different streams then reuse slots at once (W3). Under the shared mutex:
 //  - the handle map's shape never changes (inserts and erases hold it
 //    exclusively), so lookups are safe;
-//  - a swap writes only handles whose primary place is in the caller's arena
-//    (use_of checks the owner), under that arena's lock; no other arena writes
-//    such a handle, since it would have to be primary there;
-//  - other arenas read those handles' primary places (page_home::primary, two
-//    relaxed atomics) only to see that they are not theirs;
-//  - no thread holds two arena locks.
+//  - a swap writes a handle's primary place only under the lock of the arena
+//    where that place is, and of the one it moves to: within the caller's
+//    arena (use_of checks the owner), or from another arena of the same
+//    thread (Note [Swaps across streams]), whose lock is then only tried;
+//  - an arena reads the primary places of handles mapped in it under its own
+//    lock, so a place in it does not change under the look; other arenas
+//    read them (page_home::primary, two relaxed atomics) only to see that
+//    they are not theirs;
+//  - a thread that holds its arena's lock never waits for another's.
 
-void* vmm_pool_resource::impl::reuse_slot(arena& a, const detail::pool_request& r) {
+void* vmm_pool_resource::impl::reuse_slot(arena& a, const detail::pool_request& r, bool absorbed) {
   std::lock_guard lock(a.lock);
   block* s = take_usable(a, r.size);
+  // Swaps across streams once the frees other streams made of a's blocks are
+  // absorbed: that absorb's wait on their fences orders most of their pages
+  // too (arena::waited), where a swap before it would wait on its own.
+  if (s == nullptr && absorbed && a.takes_turns) s = take_usable_across(a, r.size, true);
   return s != nullptr ? hand_out(a, s, r.requested) : nullptr;
 }
 
@@ -273,7 +280,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
   //    pages of streams this thread drives too (Note [Swaps across streams]).
   if (block* s = take_usable(a, r.size)) return hand_out(a, s, r.requested);
   if (pool.settings.reuse_across_streams && !others.empty()) {
-    if (block* s = take_usable_across(a, r.size)) return hand_out(a, s, r.requested);
+    if (block* s = take_usable_across(a, r.size, false)) return hand_out(a, s, r.requested);
   }
   //    Failing that, only while the size has many free slots, the one that
   //    needs the fewest remapped, repaired when under half (Note [Slots for

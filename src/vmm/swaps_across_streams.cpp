@@ -1,7 +1,6 @@
 // vmm_pool_resource: the streams one host thread drives share their free
-// pages, and take them back by swapping. The growth mutex is held exclusively
-// where these run (vmm_pool_impl.hpp).
-#include <algorithm>
+// pages, and take them back by swapping. The growth mutex is held where these
+// run, exclusively or shared (vmm_pool_impl.hpp).
 
 #include "vmm/vmm_pool_impl.hpp"
 
@@ -53,10 +52,14 @@ namespace gpumem {
 //  - or the free is fenced: a's stream then waits for s's fence on the device
 //    (cuStreamWaitEvent) before the slot is handed out.
 // The swap sets the primary place and two ready bits, and moves the page's
-// bytes from s's reserved count to a's; s's side under s's lock, re-checked
-// there (s's hot path may have handed its block out since the look). Only in
-// find_slot, after the slots that need swaps within the arena: the growth
-// mutex is held exclusively, so one thread at a time holds two arena locks.
+// bytes from s's reserved count to a's, all under both arenas' locks, checked
+// again under s's (s's hot path may have handed its block out since the
+// look). It runs after the slots that need swaps within the arena: in
+// find_slot, the growth mutex held exclusively, where one thread at a time
+// holds two arena locks; and in reuse_slot right after an absorb of the frees
+// other streams made of a's blocks (that absorb's wait orders most of their
+// pages for a), the mutex held shared, where s's lock is only tried (Note
+// [Reusing a slot under the shared growth mutex]).
 //
 // Which free slot is taken stays the lowest-addressed one of the size that
 // needs no driver call. Whether a place is ordered for a depends on which
@@ -87,7 +90,18 @@ vmm_pool_resource::impl::order_across vmm_pool_resource::impl::order_of(const ar
   return freed <= s.fenced_frees ? order_across::after_wait : order_across::none;
 }
 
-bool vmm_pool_resource::impl::usable_across(arena& a, const block* s) {
+namespace {
+// Locks o (another arena than the caller's): at once under the exclusive growth
+// mutex, where one thread at a time holds two arena locks; only if free under
+// the shared one, where a thread holding its own lock must not wait for another.
+bool lock_other(std::unique_lock<detail::spin_lock>& lock, bool shared) {
+  if (shared) return lock.try_lock();
+  lock.lock();
+  return true;
+}
+}  // namespace
+
+bool vmm_pool_resource::impl::usable_across(arena& a, const block* s, bool shared) {
   const chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
   bool across = false;
@@ -102,56 +116,58 @@ bool vmm_pool_resource::impl::usable_across(arena& a, const block* s) {
       continue;
     }
     if (!take_turns(a, o)) return false;  // a stream of another thread keeps its pages
-    std::lock_guard lock(o.lock);
-    if (order_of(a, o, there) == order_across::none) return false;
+    std::unique_lock lock(o.lock, std::defer_lock);
+    if (!lock_other(lock, shared)) return false;
+    // Read again under o's lock: a swap that moved it holds o's lock.
+    if (!(c.home_at[i]->primary.load() == there) || order_of(a, o, there) == order_across::none) return false;
     across = true;
   }
   return across;  // one that needs no swap across was take_usable's to take
 }
 
-bool vmm_pool_resource::impl::take_back_across(arena& a, chunk& c, std::size_t i, std::vector<arena*>& waits) {
+bool vmm_pool_resource::impl::take_back_across(arena& a, chunk& c, std::size_t i, std::vector<fence_wait>& waits,
+                                               bool shared) {
   page_home& h = *c.home_at[i];
   const page_ref there = h.primary.load();
   arena& s = *there.c->owner;
-  {
-    // Looked at again under s's lock: its hot path may have handed the page
-    // out since usable_across let go of the lock.
-    std::lock_guard lock(s.lock);
-    const order_across order = order_of(a, s, there);
-    if (order == order_across::none) return false;
-    if (order == order_across::after_wait && std::find(waits.begin(), waits.end(), &s) == waits.end()) {
-      waits.push_back(&s);
-    }
-    there.c->set_ready(there.index, false);
-    s.reserved_bytes -= page;
-  }
+  // Every write under s's lock (and a's, held by the caller): a's look and s's
+  // both read the handle's primary place under their own lock.
+  std::unique_lock lock(s.lock, std::defer_lock);
+  if (!lock_other(lock, shared)) return false;
+  // Looked at again: s's hot path may have handed the page out, or another
+  // swap moved the handle, since usable_across let go of the lock.
+  if (!(h.primary.load() == there)) return false;
+  const order_across order = order_of(a, s, there);
+  if (order == order_across::none) return false;
+  if (order == order_across::after_wait) waits.push_back({&s, s.fence, s.fenced_frees});
+  there.c->set_ready(there.index, false);
+  s.reserved_bytes -= page;
   h.primary.store({&c, i});
   c.set_ready(i, true);
   a.reserved_bytes += page;
   return true;
 }
 
-void vmm_pool_resource::impl::wait_across(arena& a, const std::vector<arena*>& waits) {
-  for (arena* s : waits) {
-    std::lock_guard lock(s->lock);
-    pool.wait_for(a, s->fence);  // its latest record covers every free it had fenced
-    a.note_waited(s, s->fenced_frees);
+void vmm_pool_resource::impl::wait_across(arena& a, const std::vector<fence_wait>& waits) {
+  for (const fence_wait& w : waits) {
+    pool.wait_for(a, w.fence);  // its latest record covers every free it had fenced
+    a.note_waited(w.of, w.fenced);
   }
 }
 
-vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable_across(arena& a, std::size_t size) {
-  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable_across(a, y); });
+vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable_across(arena& a, std::size_t size, bool shared) {
+  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable_across(a, y, shared); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
   std::size_t swaps = 0;
   bool complete = true;
-  std::vector<arena*> waits;
+  std::vector<fence_wait> waits;
   for (std::size_t i = first; i < first + size / page; ++i) {
     if (c.is_ready(i)) continue;
     if (c.home_at[i]->primary.load().c->owner == &a) {
       take_back(c, i);
-    } else if (!take_back_across(a, c, i, waits)) {
+    } else if (!take_back_across(a, c, i, waits, shared)) {
       complete = false;  // taken meanwhile: the slot goes back with what it swapped
       continue;
     }

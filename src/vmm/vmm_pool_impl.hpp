@@ -87,7 +87,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t give_back(bool device_synchronized) override;
   void before_last_growth() override {}  // the growth after the synchronisation takes every free page
   void* allocate_slot(arena& a, const detail::pool_request& r) override;
-  void* reuse_slot(arena& a, const detail::pool_request& r) override;
+  void* reuse_slot(arena& a, const detail::pool_request& r, bool absorbed) override;
   std::string shortage(std::size_t requested) override;
   std::size_t largest_possible() const override { return maximum; }
 
@@ -134,16 +134,24 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // it cannot (in use, or its free not fenced);
   enum class order_across { none, ordered, after_wait };
   static order_across order_of(const arena& a, const arena& s, page_ref there);
-  // whether the free slot `s` needs swaps only, some with other arenas;
-  bool usable_across(arena& a, const block* s);
+  // whether the free slot `s` needs swaps only, some with other arenas (with
+  // `shared`, the growth mutex is held shared: other arenas' locks are only
+  // tried, and a busy one makes the slot unusable for now);
+  bool usable_across(arena& a, const block* s, bool shared);
   // the lowest-addressed such slot of `size`, swapped and out of the cache, or null;
-  block* take_usable_across(arena& a, std::size_t size);
+  block* take_usable_across(arena& a, std::size_t size, bool shared);
+  // a device-side wait a swap across needs: for `of`'s fence, recorded at `fenced`;
+  struct fence_wait {
+    arena* of;
+    CUevent fence;
+    std::uint64_t fenced;
+  };
   // the alias at page i of c (in a) takes its handle back from another arena
-  // when it is still free and fenced there (else false, nothing changed),
-  // adding that arena to `waits` when its free is not settled yet;
-  bool take_back_across(arena& a, chunk& c, std::size_t i, std::vector<arena*>& waits);
-  // a's stream waits on the device for the fences of `waits`.
-  void wait_across(arena& a, const std::vector<arena*>& waits);
+  // when it is still free and ordered there (else false, nothing changed),
+  // adding to `waits` what a's stream must wait for;
+  bool take_back_across(arena& a, chunk& c, std::size_t i, std::vector<fence_wait>& waits, bool shared);
+  // a's stream waits on the device for `waits` (a's lock held).
+  void wait_across(arena& a, const std::vector<fence_wait>& waits);
   // Hands out the slot `s` (a's lock held).
   void* hand_out(arena& a, block* s, std::size_t requested);
   // Takes up to `count` pages of a's free slots, whole slots first (the one of
