@@ -2,9 +2,9 @@
 # logs in bench/traces) with --plot and --json, then checks that it exited 0,
 # that every chart is a complete SVG with a line in it, that the JSON names
 # both workloads, and that the default resource keeps W5's memory ceiling on
-# every log (peak reserved / peak live <= 1.10, data-pipeline <= 1.20 and listed;
-# no allocation failed with 1.10 x the peak live bytes free), and that no
-# row reserved less than the peak live bytes; then W8,
+# every log (peak reserved / peak live <= 1.10; no allocation failed with 1.10 x
+# the peak live bytes free), and that no row reserved less than the peak live
+# bytes; then W8,
 # whose cells the simulator skips. Run by
 # ctest with GPUMEM_BACKEND=sim; BENCH and OUT are given.
 file(REMOVE_RECURSE "${OUT}")
@@ -90,19 +90,9 @@ foreach(w RANGE ${last_workload})
         message(FATAL_ERROR "W5 ${group}, ${log}: the default resource's cell is ${status}")
       endif()
       string(JSON value GET "${json}" workloads ${w} subjects ${s} results ${c} median)
-      # The target is 1.10, held on every log but data-pipeline: its streams work at
-      # the same time, and each keeps what it freed while it is busy (Note [Pages,
-      # frugal first], src/vmm/page_backing.cpp), so the pool holds about the sum
-      # of the streams' own peaks, 1.16 x the peak of their sum (docs/benchmarks.md).
-      # Its ceiling is 1.20, and the miss is listed.
-      set(ceiling 1.10)
-      if(log STREQUAL "data-pipeline")
-        set(ceiling 1.20)
-      endif()
-      if(group STREQUAL "peak reserved / peak live" AND value GREATER ${ceiling})
-        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (ceiling ${ceiling}, target 1.10)")
-      elseif(group STREQUAL "peak reserved / peak live" AND value GREATER 1.10)
-        message(STATUS "W5 ${log}: the default resource reserved ${value} x the peak live bytes: above the 1.10 target")
+      # The target, held on every log: 1.10 x the peak live bytes.
+      if(group STREQUAL "peak reserved / peak live" AND value GREATER 1.10)
+        message(FATAL_ERROR "W5 ${log}: the default resource reserved ${value} x the peak live bytes (target 1.10)")
       elseif(group MATCHES "^failed allocations" AND value GREATER 0)
         message(FATAL_ERROR "W5 ${log}: ${value} allocations of the default resource failed with 1.10 x the peak live bytes free")
       endif()
