@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <thread>
+#include <vector>
 
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
@@ -181,6 +183,49 @@ TEST_F(VmmPoolStreams, AStreamTakesBackPagesOfASlotItFreedForAnotherStreamOfItsT
   a.synchronize();
   b.synchronize();
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
+// Threads that each drive a loader stream and a compute stream, as a data
+// pipeline does, at once: each thread's streams pass pages to each other (swaps
+// across streams, some under the shared growth mutex with the other arena's
+// lock only tried) while the other threads do the same. Every allocation holds
+// what was written to it, and every invariant holds at the end.
+TEST_F(VmmPoolStreams, ThreadsThatEachDriveALoaderAndAComputeStreamShareSafely) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  constexpr int threads = 4;
+  std::vector<std::thread> team;
+  for (int t = 0; t < threads; ++t) {
+    team.emplace_back([&, t] {
+      stream load(0), compute(0);
+      std::uint64_t seed = 0xC0FFEEULL + static_cast<std::uint64_t>(t);
+      auto next = [&](std::uint64_t n) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        return (seed >> 33) % n;
+      };
+      for (int step = 0; step < 24; ++step) {
+        seed = 0xC0FFEEULL + static_cast<std::uint64_t>(t) + static_cast<std::uint64_t>(step % 4);  // steps repeat
+        const std::size_t batch = (2 + next(3)) * g + next(2) * g / 2;
+        void* in = pool.allocate(batch, load);
+        const auto value = static_cast<std::uint8_t>(step + 16 * t);
+        device_fill(in, batch, value, load);
+        EXPECT_EQ(device_count_mismatches(in, batch, value, load), 0U) << "thread " << t << " step " << step;
+        load.synchronize();  // the compute stream's work on `in` follows the load
+        const std::size_t work = (4 + next(4)) * g;
+        void* tmp = pool.allocate(work, compute);
+        device_fill(tmp, work, static_cast<std::uint8_t>(value + 1), compute);
+        EXPECT_EQ(device_count_mismatches(in, batch, value, compute), 0U) << "thread " << t << " step " << step;
+        pool.deallocate(in, batch, compute);  // the loader's buffer freed on the compute stream
+        EXPECT_EQ(device_count_mismatches(tmp, work, static_cast<std::uint8_t>(value + 1), compute), 0U);
+        pool.deallocate(tmp, work, compute);
+      }
+      compute.synchronize();
+      load.synchronize();
+    });
+  }
+  for (std::thread& th : team) th.join();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  EXPECT_GT(pool.statistics().pages_revived, 0U);
 }
 
 TEST_F(VmmPoolStreams, AnotherStreamsFreePagesMoveWhenTheBudgetIsReached) {
