@@ -127,7 +127,7 @@ struct alignas(64) arena {
   std::atomic<int> growth_waiters{0};
   // The host thread (this_thread_tag) that last took a slow path on this
   // arena's stream: paged pools let the streams one thread drives share free
-  // pages as they go (Note [Streams that take turns], src/vmm/page_backing.cpp).
+  // pages as they go (Note [Streams that take turns], src/vmm/swaps_across_streams.cpp).
   std::atomic<std::uintptr_t> thread_tag{0};
   // Paged pools: another stream was seen driven by the same thread (`lock`).
   bool takes_turns = false;
@@ -135,7 +135,7 @@ struct alignas(64) arena {
   // Other arenas' free counts this arena's stream is ordered after: it waited
   // on the device for their fences recorded at those counts (absorbing their
   // frees of its blocks, or taking their pages). Paged pools read it (Note
-  // [Swaps across streams], src/vmm/page_slots.cpp). Guarded by `lock`.
+  // [Swaps across streams], src/vmm/swaps_across_streams.cpp). Guarded by `lock`.
   std::vector<std::pair<const arena*, std::uint64_t>> waited;
   void note_waited(const arena* s, std::uint64_t fenced) {
     for (auto& [who, upto] : waited) {

@@ -56,7 +56,7 @@ struct block {
   // Slots only: the arena whose stream last freed it (its own, or another
   // through deallocate_foreign). That stream ordered the end of its last use,
   // so it may take the slot's free pages with no wait (Note [Swaps across
-  // streams], src/vmm/page_slots.cpp). Compared, never followed.
+  // streams], src/vmm/swaps_across_streams.cpp). Compared, never followed.
   const arena* freed_by = nullptr;
 };
 

@@ -173,8 +173,9 @@ std::vector<std::uint64_t> vmm_pool_resource::impl::supply_pages(arena& a, const
     bool wait = false;
     auto fenced = [&](const block* b) {
       if (b->slot && b->freed_by == &a) return true;  // a's own stream freed it
+      if (!s->is_fenced(b)) return false;
       wait = wait || !is_settled(*s, b->free_epoch);
-      return s->is_fenced(b);
+      return true;
     };
     take_pages(*s, count - out.size(), out, fenced);
     if (out.size() < count) take_whole_slots(*s, count - out.size(), out, fenced);

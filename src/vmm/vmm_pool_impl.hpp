@@ -126,8 +126,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // The free slot of `size` that needs swaps only, swapped and out of the
   // cache, or null (a's lock held; the growth mutex, shared at least).
   block* take_usable(arena& a, std::size_t size);
-  // Across streams (Note [Swaps across streams]; the growth mutex held
-  // exclusively, a's lock held, other arenas' locks taken one at a time):
+  // Across streams (Note [Swaps across streams], swaps_across_streams.cpp; the
+  // growth mutex held, a's lock held, other arenas' locks taken one at a time):
   // what a's stream needs to take the handle whose primary place `there` is
   // in s (s's lock held): nothing (ordered: its free is settled, or a's
   // stream freed it or waited past it), a device-side wait on s's fence, or
@@ -177,7 +177,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // busy_peaks (a's lock held).
   void note_peak(arena& a, const std::vector<arena*>& others);
   // Whether the streams of a and s are driven by one thread, which takes them
-  // in turns (Note [Streams that take turns], page_backing.cpp).
+  // in turns (Note [Streams that take turns], swaps_across_streams.cpp).
   static bool take_turns(const arena& a, const arena& s) noexcept {
     const std::uintptr_t t = a.thread_tag.load(std::memory_order_relaxed);
     return t != 0 && t == s.thread_tag.load(std::memory_order_relaxed);
