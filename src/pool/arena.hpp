@@ -156,9 +156,10 @@ struct alignas(64) arena {
   bool is_fenced(const block* b) const noexcept { return b->free_epoch <= fenced_frees; }
 };
 
-// A word unique to the calling thread while it runs.
+// A word unique to the calling thread while it runs. Initial-exec, as the
+// pools' other thread-locals: one load, no call into the dynamic loader.
 inline std::uintptr_t this_thread_tag() noexcept {
-  thread_local const char tag = 0;
+  thread_local const char tag __attribute__((tls_model("initial-exec"))) = 0;
   return reinterpret_cast<std::uintptr_t>(&tag);
 }
 

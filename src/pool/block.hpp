@@ -3,6 +3,8 @@
 // no headers, so these live on the host and point at it.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -122,9 +124,46 @@ struct chunk {
     }
     return (ready[to_word] & tail) == tail;
   }
+  // How many pages in [from, to) are ready: a word of the bitmap at a time.
+  std::size_t count_ready(std::size_t from, std::size_t to) const noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = from; i < to;) {
+      const std::size_t stop = std::min(to, (i | 63) + 1);
+      n += static_cast<std::size_t>(std::popcount(ready_run(i, stop)));
+      i = stop;
+    }
+    return n;
+  }
+  // Calls f(i) on every page i in [from, to) that is not ready, in order, until
+  // f returns false; returns whether it ran to the end. A word of the bitmap at
+  // a time, so a slot with few pages elsewhere costs few steps. f may change
+  // the ready bit of i itself (a swap), not that of a later page in the range.
+  template <class F>
+  bool for_each_unready(std::size_t from, std::size_t to, F&& f) const {
+    for (std::size_t i = from; i < to;) {
+      const std::size_t stop = std::min(to, (i | 63) + 1);
+      std::uint64_t bits = ~ready_run(i, stop) & run_mask(stop - i);
+      for (; bits != 0; bits &= bits - 1) {
+        if (!f(i + static_cast<std::size_t>(std::countr_zero(bits)))) return false;
+      }
+      i = stop;
+    }
+    return true;
+  }
   void set_ready(std::size_t i, bool on) noexcept {
     if (on) ready[i >> 6] |= std::uint64_t{1} << (i & 63);
     else ready[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+  }
+
+ private:
+  // The n low bits set (1 <= n <= 64).
+  static std::uint64_t run_mask(std::size_t n) noexcept {
+    return n == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1;
+  }
+  // The ready bits of pages [from, stop), one word's run (stop <= the word's
+  // end), bit k for page from + k.
+  std::uint64_t ready_run(std::size_t from, std::size_t stop) const noexcept {
+    return (ready[from >> 6] >> (from & 63)) & run_mask(stop - from);
   }
 };
 

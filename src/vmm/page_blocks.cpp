@@ -370,9 +370,9 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
   std::vector<block*> empty;
   s.slots.for_each_until([&](block* y) {
     const chunk& c = *y->owner;
-    const std::size_t first = page_index(c, y->address);
+    const auto [first, end] = pages_of(y);
     bool none = true;
-    for (std::size_t i = first; i < first + y->size / page && none; ++i) none = c.pages[i] == 0;
+    for (std::size_t i = first; i < end && none; ++i) none = c.pages[i] == 0;
     if (none) empty.push_back(y);
     return false;
   });

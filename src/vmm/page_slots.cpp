@@ -72,9 +72,9 @@ vmm_pool_resource::impl::page_use vmm_pool_resource::impl::use_of(arena& a, cons
 
 vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, const block* s) const {
   const chunk& c = *s->owner;
-  const std::size_t first = page_index(c, s->address);
+  const auto [first, end] = pages_of(s);
   slot_fit f;
-  for (std::size_t i = first; i < first + s->size / page; ++i) {
+  for (std::size_t i = first; i < end; ++i) {
     const page_use u = use_of(a, c, i);
     f.conflicts += u == page_use::conflict;
     f.swaps += u == page_use::swap;
@@ -84,10 +84,9 @@ vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, cons
 
 bool vmm_pool_resource::impl::usable(arena& a, block* s) {
   const chunk& c = *s->owner;
-  const std::size_t first = page_index(c, s->address);
+  const auto [first, end] = pages_of(s);
   bool ok = true;
-  for (std::size_t i = first; i < first + s->size / page; ++i) {
-    if (c.is_ready(i)) continue;
+  const bool looked = c.for_each_unready(first, end, [&](std::size_t i) {
     // What keeps the page's handle from this slot, when the arena's lock alone
     // can tell that it still does: a busy page or a live slot of this arena,
     // or no handle at all. The first found is the slot's wait (Note [Slots
@@ -100,17 +99,17 @@ bool vmm_pool_resource::impl::usable(arena& a, block* s) {
     const page_ref there = c.home_at[i]->primary.load();
     if (there.c == nullptr || there.c->owner != &a) {
       ok = false;
-      continue;
+      return true;
     }
     const bool busy = there.c->page_busy(there.index);
-    if (!busy) continue;  // a swap
+    if (!busy) return true;  // a swap
     std::uint64_t* word =
         there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->uses[there.index].busy_mark;
     *word |= detail::waited_on;  // its change wakes the free slots (Note [Slots known to wait])
     s->wait_seen = {word, *word};
     return false;
-  }
-  return ok;
+  });
+  return looked && ok;
 }
 
 void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
@@ -178,10 +177,8 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
   std::vector<std::pair<block*, std::size_t>> have;
   a.slots.for_each_until([&](block* y) {
     if (!accept(y)) return false;
-    const chunk& c = *y->owner;
-    const std::size_t first = page_index(c, y->address);
-    std::size_t n = 0;
-    for (std::size_t i = first; i < first + y->size / page; ++i) n += c.is_ready(i);
+    const auto [first, end] = pages_of(y);
+    const std::size_t n = y->owner->count_ready(first, end);
     if (n != 0) have.emplace_back(y, n);
     return false;
   });
@@ -198,8 +195,8 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
     block* y = have[pick].first;
     have.erase(have.begin() + static_cast<std::ptrdiff_t>(pick));
     chunk& c = *y->owner;
-    const std::size_t first = page_index(c, y->address);
-    for (std::size_t i = first + y->size / page; i-- > first && got < count;) {
+    const auto [first, end] = pages_of(y);
+    for (std::size_t i = end; i-- > first && got < count;) {
       if (!c.is_ready(i)) continue;
       take_page(a, c, i, out);
       ++got;
@@ -260,13 +257,13 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, s
   block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable(a, y); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
-  const std::size_t first = page_index(c, s->address);
+  const auto [first, end] = pages_of(s);
   std::size_t swaps = 0;
-  for (std::size_t i = first; i < first + size / page; ++i) {
-    if (c.is_ready(i)) continue;
+  c.for_each_unready(first, end, [&](std::size_t i) {
     take_back(c, i);
     ++swaps;
-  }
+    return true;
+  });
   // Counted once: a locked add per page would order the swaps' memory accesses.
   pages_revived.fetch_add(swaps, std::memory_order_relaxed);
   return s;

@@ -103,9 +103,9 @@ bool lock_other(std::unique_lock<detail::spin_lock>& lock, bool shared) {
 
 bool vmm_pool_resource::impl::usable_across(arena& a, const block* s, bool shared) {
   const chunk& c = *s->owner;
-  const std::size_t first = page_index(c, s->address);
+  const auto [first, end] = pages_of(s);
   bool across = false;
-  for (std::size_t i = first; i < first + s->size / page; ++i) {
+  for (std::size_t i = first; i < end; ++i) {
     if (c.is_ready(i)) continue;
     if (c.pages[i] == 0) return false;
     const page_ref there = c.home_at[i]->primary.load();
@@ -159,11 +159,11 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable_across(aren
   block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable_across(a, y, shared); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
-  const std::size_t first = page_index(c, s->address);
+  const auto [first, end] = pages_of(s);
   std::size_t swaps = 0;
   bool complete = true;
   std::vector<fence_wait> waits;
-  for (std::size_t i = first; i < first + size / page; ++i) {
+  for (std::size_t i = first; i < end; ++i) {
     if (c.is_ready(i)) continue;
     if (c.home_at[i]->primary.load().c->owner == &a) {
       take_back(c, i);

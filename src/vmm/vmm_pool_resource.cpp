@@ -7,6 +7,7 @@
 #include "gpumem/ipc.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <limits>
 
@@ -52,6 +53,12 @@ std::size_t vmm_pool_resource::impl::page_of(int device, const vmm_pool_options&
   if (o.page_bytes != 0 && (o.page_bytes % g != 0 || (o.page_bytes & (o.page_bytes - 1)) != 0)) {
     throw logic_error("gpumem::vmm_pool_resource: page_bytes (" + std::to_string(o.page_bytes) +
                       ") must be a power of two and a multiple of the device's granularity (" + std::to_string(g) + ")");
+  }
+  // Page indices are shifts (the engine's page_shift, impl::page_index): a
+  // granularity that is not a power of two (none is known) is refused.
+  if (!std::has_single_bit(g)) {
+    throw logic_error("gpumem::vmm_pool_resource: the device's allocation granularity (" + std::to_string(g) +
+                      ") is not a power of two");
   }
   return o.page_bytes != 0 ? o.page_bytes : g;
 }
