@@ -214,10 +214,10 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // there becomes an alias (growth mutex and s's lock held).
   void take_page(arena& s, chunk& c, std::size_t i, std::vector<std::uint64_t>& out);
   void unmap_alias(chunk& c, std::size_t i);
-  // page is a power of two (page_of): a shift, where a division costs tens of cycles.
+  // page is a power of two (page_of): a shift rather than a division.
   std::size_t page_index(const chunk& c, std::uintptr_t at) const noexcept { return (at - c.base) >> std::countr_zero(page); }
   // The pages of slot s in its chunk, [first, end): the end computed once, not
-  // in a loop's condition (a division at every page was most of a swap's cost).
+  // in a loop's condition, where it was a division at every page.
   struct slot_pages {
     std::size_t first = 0, end = 0;
   };
