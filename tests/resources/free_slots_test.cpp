@@ -190,5 +190,44 @@ TEST(PageBitmap, AllReadyAgreesWithTheBitsOneByOne) {
   }
 }
 
+// chunk::count_ready and chunk::for_each_unready, which a slot's swaps and
+// stitching use, against the bits one by one: empty ranges, ranges within a
+// word, ending on a word's edge, and across several; and a stop on request.
+TEST(PageBitmap, CountAndUnreadyPagesAgreeWithTheBitsOneByOne) {
+  chunk c;
+  constexpr std::size_t pages = 300;
+  c.ready.assign((pages + 63) / 64, 0);
+  std::mt19937_64 rng(12);
+  for (int round = 0; round < 200; ++round) {
+    const unsigned holes = 1 + round % 4;  // from every other page to mostly ready
+    for (std::size_t i = 0; i < pages; ++i) c.set_ready(i, rng() % (holes * 8) >= holes);
+    for (int q = 0; q < 200; ++q) {
+      const std::size_t from = q % 5 == 0 ? (rng() % 4) * 64 : rng() % pages;
+      const std::size_t to = q % 7 == 0 ? std::min(pages, (from | 63) + 1) : from + rng() % (pages - from + 1);
+      std::size_t ready = 0;
+      std::vector<std::size_t> unready;
+      for (std::size_t i = from; i < to; ++i) {
+        if (c.is_ready(i)) ++ready;
+        else unready.push_back(i);
+      }
+      ASSERT_EQ(c.count_ready(from, to), ready) << "pages " << from << " to " << to;
+      std::vector<std::size_t> seen;
+      ASSERT_TRUE(c.for_each_unready(from, to, [&](std::size_t i) {
+        seen.push_back(i);
+        return true;
+      }));
+      ASSERT_EQ(seen, unready) << "pages " << from << " to " << to;
+      if (unready.size() >= 2) {
+        seen.clear();
+        ASSERT_FALSE(c.for_each_unready(from, to, [&](std::size_t i) {
+          seen.push_back(i);
+          return seen.size() < 2;
+        }));
+        ASSERT_EQ(seen, std::vector<std::size_t>(unready.begin(), unready.begin() + 2));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gpumem::test
