@@ -18,6 +18,7 @@
 // replayed in the log's order (seq), one thread per logged thread and one stream
 // per logged stream (Note [Replaying in order] in tools/replay/replay.cpp).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <mutex>
@@ -181,6 +182,62 @@ class ballast {
   void* ptr_ = nullptr;
 };
 
+// What the replay itself costs: a resource that hands out addresses from a counter
+// and keeps nothing, replayed as the rows are. Every row's time includes it.
+class no_op_resource final : public memory_resource {
+ public:
+  explicit no_op_resource(int device) : device_(device) {}
+  resource_properties properties() const noexcept override {
+    return {.device = device_, .device_accessible = true, .host_accessible = false, .thread_safe = true};
+  }
+
+ private:
+  void* do_allocate(std::size_t bytes, stream_view, std::size_t) override {
+    return reinterpret_cast<void*>(next_.fetch_add(bytes / 256 * 256 + 256, std::memory_order_relaxed));
+  }
+  void do_deallocate(void*, std::size_t, stream_view, std::size_t) override {}
+  int device_;
+  std::atomic<std::uintptr_t> next_{std::uintptr_t{1} << 40};
+};
+
+// The replay's own time per call for each log (median of five replays after one),
+// measured once per run beside the first row; read by the notes.
+struct replay_floor {
+  std::mutex mutex;
+  std::vector<std::pair<std::string, double>> us_per_call;  // by log
+  bool measured = false;
+};
+replay_floor& floor_of_run() {
+  static replay_floor f;
+  return f;
+}
+
+void measure_replay_floor(const std::vector<trace>& ts, int device) {
+  replay_floor& f = floor_of_run();
+  std::lock_guard lock(f.mutex);
+  if (f.measured) return;
+  f.measured = true;
+  for (const trace& t : ts) {
+    if (!t.error.empty()) continue;
+    no_op_resource none(device);
+    tools::replay_stream_set streams;
+    tools::replay_threads threads;
+    tools::replay_options o;
+    o.device = device;
+    o.order = tools::replay_order::seq;
+    o.streams = &streams;
+    o.threads = &threads;
+    tools::replay_events_on(t.events, none, o);
+    std::vector<double> us;
+    for (int r = 0; r < 5; ++r) {
+      const tools::replay_result again = tools::replay_events_on(t.events, none, o);
+      us.push_back(again.seconds * 1e6 / static_cast<double>(std::max<std::size_t>(again.replayed, 1)));
+    }
+    std::sort(us.begin(), us.end());
+    f.us_per_call.emplace_back(t.name, us[us.size() / 2]);
+  }
+}
+
 class replay_workload final : public workload {
  public:
   std::string_view id() const override { return "W5"; }
@@ -213,6 +270,7 @@ class replay_workload final : public workload {
       return {skipped_cell("no allocation logs found (--traces, default " +
                            std::string(GPUMEM_BENCH_TRACE_DIR) + ")")};
     }
+    measure_replay_floor(ts, ctx.device);
     std::vector<cell> time(ts.size()), memory(ts.size()), oom(ts.size());
     for (std::size_t k = 0; k < ts.size(); ++k) {
       const trace& t = ts[k];
@@ -233,7 +291,17 @@ class replay_workload final : public workload {
   }
 
   std::vector<std::string> notes(const workload_result&) const override {
-    return {"reserved: how far the device's free memory fell below what it was before the row's "
+    std::string floor = "time: the replay alone (a resource that does no work) takes";
+    {
+      replay_floor& f = floor_of_run();
+      std::lock_guard lock(f.mutex);
+      for (std::size_t k = 0; k < f.us_per_call.size(); ++k) {
+        floor += (k == 0 ? " " : ", ") + f.us_per_call[k].first + " " + format_figure(f.us_per_call[k].second) + " us";
+      }
+    }
+    floor += " per call; every row's time includes it";
+    return {floor,
+            "reserved: how far the device's free memory fell below what it was before the row's "
             "resource was made, the most over a replay (peers' own pools included); live: the "
             "log's own bytes",
             "failures: the rest of the device held by a raw cuMemAlloc ballast, the resource made "
@@ -317,10 +385,13 @@ class replay_workload final : public workload {
                                        "'s memory, which the logs were recorded from");
         return {skip, skip};
       }
-      // One set of streams for every replay on this resource, as a program's steps reuse theirs.
+      // One set of streams and threads for every replay on this resource, as a
+      // program's steps reuse theirs.
       tools::replay_stream_set streams;
+      tools::replay_threads threads;
       tools::replay_options o = replay_options_for(ctx);
       o.streams = &streams;
+      o.threads = &threads;
       std::vector<double> live_curve, reserved_curve;
       live_curve.reserve(t.calls);
       reserved_curve.reserve(t.calls);

@@ -36,6 +36,7 @@
 #include "gpumem/config.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
+#include "replay/replay_threads.hpp"
 
 namespace gpumem::tools {
 namespace {
@@ -164,66 +165,6 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
   std::condition_variable done_cv;  // thread order: an allocation happened
   std::mutex results_mutex;
   std::atomic<std::size_t> failures{0}, replayed{0}, skipped{0}, allocations{0};
-  std::atomic<bool> start{false};
-
-  auto wait_turn = [&](std::size_t index) {
-    int spins = 0;
-    for (std::size_t t = turn.load(std::memory_order_acquire); t != index; t = turn.load(std::memory_order_acquire)) {
-      if (++spins < 64) continue;
-      if (spins < 256) {
-        std::this_thread::yield();
-        continue;
-      }
-      turn.wait(t, std::memory_order_acquire);
-    }
-  };
-  auto run = [&](const std::vector<step>& steps) {
-    while (!start.load(std::memory_order_acquire)) std::this_thread::yield();
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      const step& s = steps[i];
-      const logged_event& e = *s.event;
-      if (options.order == replay_order::seq) wait_turn(s.index);
-      if (e.allocate) {
-        try {
-          pointer[s.index] = mr.allocate(e.bytes, s.stream, e.alignment);
-          live.add(e.bytes);
-          ++allocations;
-          state[s.index].store(1, std::memory_order_release);
-        } catch (const std::exception& err) {  // out_of_memory, or a driver error
-          ++failures;
-          state[s.index].store(2, std::memory_order_release);
-          std::lock_guard lock(results_mutex);
-          if (result.failure_messages.size() < 5) {
-            result.failure_messages.push_back("seq " + std::to_string(e.seq) + ": " + err.what());
-          }
-        }
-        ++replayed;
-        if (options.order == replay_order::thread) {
-          std::lock_guard lock(done_mutex);
-          done_cv.notify_all();
-        }
-      } else {
-        if (options.order == replay_order::thread) {
-          std::unique_lock lock(done_mutex);
-          done_cv.wait(lock, [&] { return state[s.allocation].load(std::memory_order_acquire) != 0; });
-        }
-        if (state[s.allocation].load(std::memory_order_acquire) == 1) {
-          live.remove(e.bytes);
-          mr.deallocate(pointer[s.allocation], e.bytes, s.stream, e.alignment);
-          state[s.allocation].store(3, std::memory_order_release);  // freed
-          ++replayed;
-        } else {
-          ++skipped;  // its allocation failed here
-        }
-      }
-      if (observer) observer(s.index, live.current.load(std::memory_order_relaxed));
-      if (options.order == replay_order::seq) {
-        turn.store(s.index + 1, std::memory_order_release);
-        // Wake waiters only when the next event is another thread's.
-        if (i + 1 >= steps.size() || steps[i + 1].index != s.index + 1) turn.notify_all();
-      }
-    }
-  };
 
   // One OS thread per logged thread, up to max_replay_threads; beyond that, logged
   // threads share them, each worker taking its threads' calls in seq order (a log of
@@ -239,37 +180,102 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
     }
     for (auto& w : work) std::sort(w.begin(), w.end(), [](const step& a, const step& b) { return a.index < b.index; });
   }
-  std::vector<std::thread> workers;
-  std::exception_ptr worker_error;
-  std::mutex error_mutex;
-  auto give_up = [&] {
-    turn.store(static_cast<std::size_t>(-1) / 2);  // let the others run out
+  const bool may_spin = work.size() < std::max(2U, std::thread::hardware_concurrency());
+  auto give_up = [&] {  // after an error: every waiting thread stops
+    turn.store(static_cast<std::size_t>(-1) / 2, std::memory_order_release);
     turn.notify_all();
   };
-  try {
-    for (auto& steps : work) {
-      workers.emplace_back([&, &steps = steps] {
+
+  // Runs one worker's steps; false when another gave up.
+  auto run = [&](const std::vector<step>& steps) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const step& s = steps[i];
+      const logged_event& e = *s.event;
+      if (options.order == replay_order::seq && await_at_least(turn, s.index, may_spin) != s.index) return;
+      if (e.allocate) {
         try {
-          run(steps);
-        } catch (...) {
-          std::lock_guard lock(error_mutex);
-          if (!worker_error) worker_error = std::current_exception();
-          give_up();
+          pointer[s.index] = mr.allocate(e.bytes, s.stream, e.alignment);
+          live.add(e.bytes);
+          allocations.fetch_add(1, std::memory_order_relaxed);
+          state[s.index].store(1, std::memory_order_release);
+        } catch (const std::exception& err) {  // out_of_memory, or a driver error
+          failures.fetch_add(1, std::memory_order_relaxed);
+          state[s.index].store(2, std::memory_order_release);
+          std::lock_guard lock(results_mutex);
+          if (result.failure_messages.size() < 5) {
+            result.failure_messages.push_back("seq " + std::to_string(e.seq) + ": " + err.what());
+          }
         }
-      });
+        replayed.fetch_add(1, std::memory_order_relaxed);
+        if (options.order == replay_order::thread) {
+          std::lock_guard lock(done_mutex);
+          done_cv.notify_all();
+        }
+      } else {
+        if (options.order == replay_order::thread) {
+          std::unique_lock lock(done_mutex);
+          done_cv.wait(lock, [&] { return state[s.allocation].load(std::memory_order_acquire) != 0; });
+        }
+        if (state[s.allocation].load(std::memory_order_acquire) == 1) {
+          live.remove(e.bytes);
+          mr.deallocate(pointer[s.allocation], e.bytes, s.stream, e.alignment);
+          state[s.allocation].store(3, std::memory_order_release);  // freed
+          replayed.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          skipped.fetch_add(1, std::memory_order_relaxed);  // its allocation failed here
+        }
+      }
+      if (observer) observer(s.index, live.current.load(std::memory_order_relaxed));
+      if (options.order == replay_order::seq) {
+        turn.store(s.index + 1, std::memory_order_release);
+        // Wake waiters only when the next event is another thread's.
+        if (i + 1 >= steps.size() || steps[i + 1].index != s.index + 1) turn.notify_all();
+      }
     }
-  } catch (const std::system_error& e) {  // no more threads: the ones started finish, then say so
-    give_up();
-    start.store(true, std::memory_order_release);
-    for (auto& w : workers) w.join();
-    throw std::runtime_error("gpumem-replay: could not start thread " + std::to_string(workers.size() + 1) + " of " +
+  };
+
+  // The timed region runs from the moment the last worker is ready to the moment
+  // the last one is done and the streams are synchronized, both seen by a worker:
+  // neither the threads' start nor the caller's wake-up is the resource's time.
+  std::atomic<std::size_t> ready{0}, started{0}, finished{0};
+  std::chrono::steady_clock::time_point t0, t1;
+  std::exception_ptr worker_error;
+  std::mutex error_mutex;
+  auto keep_error = [&] {
+    std::lock_guard lock(error_mutex);
+    if (!worker_error) worker_error = std::current_exception();
+  };
+  const std::function<void(std::size_t)> body = [&](std::size_t k) {
+    if (ready.fetch_add(1, std::memory_order_acq_rel) + 1 == work.size()) {
+      t0 = std::chrono::steady_clock::now();
+      started.store(1, std::memory_order_release);
+      started.notify_all();
+    } else {
+      await_at_least(started, 1, may_spin);
+    }
+    try {
+      run(work[k]);
+    } catch (...) {
+      keep_error();
+      give_up();
+    }
+    if (finished.fetch_add(1, std::memory_order_acq_rel) + 1 == work.size()) {
+      try {
+        for (auto& [handle, st] : streams) st->synchronize();
+      } catch (...) {
+        keep_error();
+      }
+      t1 = std::chrono::steady_clock::now();
+    }
+  };
+  replay_threads own_threads;
+  replay_threads& threads = options.threads != nullptr ? *options.threads : own_threads;
+  try {
+    threads.run(work.size(), body);
+  } catch (const std::system_error& e) {  // no more threads: nothing ran
+    throw std::runtime_error("gpumem-replay: could not start thread " + std::to_string(threads.size() + 1) + " of " +
                              std::to_string(work.size()) + ": " + e.what());
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  start.store(true, std::memory_order_release);
-  for (auto& w : workers) w.join();
-  for (auto& [handle, s] : streams) s->synchronize();
-  const auto t1 = std::chrono::steady_clock::now();
   result.seconds = std::chrono::duration<double>(t1 - t0).count();
 
   // What the log never freed.

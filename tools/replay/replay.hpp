@@ -13,6 +13,7 @@
 #include "common/event_log_reader.hpp"
 #include "gpumem/memory_resource.hpp"
 #include "gpumem/stream.hpp"
+#include "replay/replay_threads.hpp"
 
 namespace gpumem::tools {
 
@@ -38,6 +39,9 @@ struct replay_options {
   // replays of a log on one resource run on the same streams, as a program's
   // later steps do; else each replay makes its own.
   replay_stream_set* streams = nullptr;
+  // The same for the OS threads: when set, the replays run on these threads, kept
+  // between them; else each replay starts its own and joins them.
+  replay_threads* threads = nullptr;
 };
 
 struct replay_result {
