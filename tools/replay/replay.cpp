@@ -160,11 +160,9 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
   // ---- replay ----
   std::vector<void*> pointer(chosen.size(), nullptr);  // per allocation index; written once
   std::vector<std::atomic<int>> state(chosen.size());  // 0 not yet, 1 allocated, 2 failed
-  std::atomic<std::size_t> turn{0};
   std::mutex done_mutex;
   std::condition_variable done_cv;  // thread order: an allocation happened
   std::mutex results_mutex;
-  std::atomic<std::size_t> failures{0}, replayed{0}, skipped{0}, allocations{0};
 
   // One OS thread per logged thread, up to max_replay_threads; beyond that, logged
   // threads share them, each worker taking its threads' calls in seq order (a log of
@@ -172,41 +170,63 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
   // handing the turn among them takes minutes). Both orders stay deadlock-free: a
   // worker only ever waits for an event of smaller seq.
   std::vector<std::vector<step>> work(std::min(per_thread.size(), max_replay_threads));
+  std::vector<std::uint32_t> owner(chosen.size());  // the worker of each event
   {
     std::size_t k = 0;
     for (auto& [thread, steps] : per_thread) {
-      auto& w = work[k++ % work.size()];
-      w.insert(w.end(), steps.begin(), steps.end());
+      const std::size_t w = k++ % work.size();
+      for (const step& st : steps) owner[st.index] = static_cast<std::uint32_t>(w);
+      work[w].insert(work[w].end(), steps.begin(), steps.end());
     }
     for (auto& w : work) std::sort(w.begin(), w.end(), [](const step& a, const step& b) { return a.index < b.index; });
   }
-  const bool may_spin = work.size() < std::max(2U, std::thread::hardware_concurrency());
-  auto give_up = [&] {  // after an error: every waiting thread stops
-    turn.store(static_cast<std::size_t>(-1) / 2, std::memory_order_release);
-    turn.notify_all();
+  // Seq order: each worker waits on its own word for the index of the event it may
+  // run next, raised by the worker that ran the event before it (Note [Handing the
+  // turn over] in replay_threads.cpp). A word to itself, so that a worker waiting
+  // for its turn reads a line that nobody writes until the turn comes.
+  struct alignas(64) turn_word {
+    std::atomic<std::size_t> next{0};
   };
+  std::vector<turn_word> turn(work.size());
+  const bool may_spin = work.size() < std::max(2U, std::thread::hardware_concurrency());
+  auto give_up = [&] {  // after an error: every waiting worker stops
+    for (turn_word& t : turn) {
+      t.next.store(static_cast<std::size_t>(-1) / 2, std::memory_order_release);
+      t.next.notify_all();
+    }
+  };
+  struct tally {
+    std::size_t replayed = 0, allocations = 0, failures = 0, skipped = 0;
+  };
+  std::vector<tally> tallies(work.size());
 
-  // Runs one worker's steps; false when another gave up.
-  auto run = [&](const std::vector<step>& steps) {
+  // Runs worker w's steps; returns early when another gave up.
+  auto run = [&](std::size_t w) {
+    const std::vector<step>& steps = work[w];
+    tally& count = tallies[w];
     for (std::size_t i = 0; i < steps.size(); ++i) {
       const step& s = steps[i];
       const logged_event& e = *s.event;
-      if (options.order == replay_order::seq && await_at_least(turn, s.index, may_spin) != s.index) return;
+      const bool ran_the_one_before = i > 0 && steps[i - 1].index + 1 == s.index;
+      if (options.order == replay_order::seq && !ran_the_one_before &&
+          await_at_least(turn[w].next, s.index, may_spin) != s.index) {
+        return;
+      }
       if (e.allocate) {
         try {
           pointer[s.index] = mr.allocate(e.bytes, s.stream, e.alignment);
           live.add(e.bytes);
-          allocations.fetch_add(1, std::memory_order_relaxed);
+          ++count.allocations;
           state[s.index].store(1, std::memory_order_release);
         } catch (const std::exception& err) {  // out_of_memory, or a driver error
-          failures.fetch_add(1, std::memory_order_relaxed);
+          ++count.failures;
           state[s.index].store(2, std::memory_order_release);
           std::lock_guard lock(results_mutex);
           if (result.failure_messages.size() < 5) {
             result.failure_messages.push_back("seq " + std::to_string(e.seq) + ": " + err.what());
           }
         }
-        replayed.fetch_add(1, std::memory_order_relaxed);
+        ++count.replayed;
         if (options.order == replay_order::thread) {
           std::lock_guard lock(done_mutex);
           done_cv.notify_all();
@@ -220,16 +240,16 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
           live.remove(e.bytes);
           mr.deallocate(pointer[s.allocation], e.bytes, s.stream, e.alignment);
           state[s.allocation].store(3, std::memory_order_release);  // freed
-          replayed.fetch_add(1, std::memory_order_relaxed);
+          ++count.replayed;
         } else {
-          skipped.fetch_add(1, std::memory_order_relaxed);  // its allocation failed here
+          ++count.skipped;  // its allocation failed here
         }
       }
       if (observer) observer(s.index, live.current.load(std::memory_order_relaxed));
-      if (options.order == replay_order::seq) {
-        turn.store(s.index + 1, std::memory_order_release);
-        // Wake waiters only when the next event is another thread's.
-        if (i + 1 >= steps.size() || steps[i + 1].index != s.index + 1) turn.notify_all();
+      const std::size_t next = s.index + 1;
+      if (options.order == replay_order::seq && next < chosen.size() && owner[next] != w) {
+        turn[owner[next]].next.store(next, std::memory_order_release);
+        turn[owner[next]].next.notify_all();
       }
     }
   };
@@ -254,7 +274,7 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
       await_at_least(started, 1, may_spin);
     }
     try {
-      run(work[k]);
+      run(k);
     } catch (...) {
       keep_error();
       give_up();
@@ -288,10 +308,12 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
   for (auto& [handle, s] : streams) s->synchronize();
   if (worker_error) std::rethrow_exception(worker_error);
 
-  result.replayed = replayed;
-  result.allocations = allocations;
-  result.failures = failures;
-  result.skipped += skipped;
+  for (const tally& t : tallies) {
+    result.replayed += t.replayed;
+    result.allocations += t.allocations;
+    result.failures += t.failures;
+    result.skipped += t.skipped;
+  }
   result.peak_live_bytes = live.peak.load();
   return result;
 }

@@ -3,16 +3,21 @@
 // Note [Handing the turn over]
 // In seq order (Note [Replaying in order] in replay.cpp) the replay hands a turn
 // from thread to thread at every event of another logged thread: example-training
-// does so 671 times in its 2,928 calls. A thread that sleeps while it waits for its
-// turn costs microseconds to wake (a futex wake, or a sched_yield that returns late),
-// and that time lies between the resource's calls, inside the timed region: it was
-// counted as the resource's. So a waiting thread first spins on the turn counter
-// (a pause instruction a look) for up to spin_for, which covers a hand-over that
-// follows a few calls of another thread; a longer wait (another thread in a slow
-// call) then yields, then sleeps. Spinning takes a core for each waiting thread, so
-// it is done only when the replay's threads fit the host's cores; beyond that
-// (a log of hundreds of threads) spinning threads would take the core that the
-// thread whose turn it is needs, and the waits yield and sleep at once.
+// does so 671 times in its 2,928 calls. Whatever that costs lies between the
+// resource's calls, inside the timed region, and was counted as the resource's:
+// - A thread that sleeps while it waits costs microseconds to wake (a futex wake,
+//   or a sched_yield that returns late; on a virtual machine over 100 us). So a
+//   waiting thread spins (a pause instruction a look) for up to spin_for, then
+//   yields, then sleeps: within one replay's length of a few milliseconds, it
+//   never sleeps.
+// - A thread that spins on a word that the running thread writes at every call
+//   takes the word's cache line from it at every call. So each worker waits on a
+//   word of its own (replay.cpp), raised once, by the worker whose event comes
+//   just before the waiter's.
+// Spinning takes a core for each waiting thread, so it is done only when the
+// replay's threads leave a core free; beyond that (a log of hundreds of threads)
+// spinning threads would take the core that the thread whose turn it is needs,
+// and the waits yield and sleep at once.
 #include "replay/replay_threads.hpp"
 
 #include <chrono>
@@ -22,7 +27,7 @@
 namespace gpumem::tools {
 namespace {
 
-constexpr auto spin_for = std::chrono::microseconds(50);
+constexpr auto spin_for = std::chrono::milliseconds(20);
 constexpr int yields_before_sleep = 256;
 
 inline void cpu_relax() noexcept {

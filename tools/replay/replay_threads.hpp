@@ -43,9 +43,9 @@ class replay_threads {
 };
 
 // Waits until `word` (which only grows) reaches `wanted`, and returns what it
-// read. With may_spin (no more threads than the host has cores) it spins for a
-// few microseconds first (Note [Handing the turn over] in replay_threads.cpp),
-// then yields, then sleeps on `word`: the one that raises it must notify it.
+// read. With may_spin (the replay's threads leave a core free) it spins for a
+// while first (Note [Handing the turn over] in replay_threads.cpp), then yields,
+// then sleeps on `word`: the one that raises it must notify it.
 std::size_t await_at_least(const std::atomic<std::size_t>& word, std::size_t wanted, bool may_spin);
 
 }  // namespace gpumem::tools
