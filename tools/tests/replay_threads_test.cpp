@@ -151,7 +151,9 @@ TEST(ReplayThreads, RunCallsEveryBodyOnceOnItsOwnThreadAndRethrows) {
   ASSERT_EQ(seen.size(), 2U);
   for (const auto& [k, id] : seen) {
     for (const auto& [k0, id0] : before) {
-      if (k0 == k) EXPECT_EQ(id0, id) << "body " << k;
+      if (k0 == k) {
+        EXPECT_EQ(id0, id) << "body " << k;
+      }
     }
   }
   // An exception out of a body comes back from run(), and the threads stay usable.
