@@ -285,6 +285,37 @@ bool vmm_pool_resource::impl::fill_pages(arena& a, const std::vector<arena*>& ot
   return handles.size() == missing.size();
 }
 
+std::vector<std::size_t> vmm_pool_resource::impl::repair_pages(arena& a, chunk& c, std::size_t first, std::size_t end,
+                                                               std::uint64_t epoch) {
+  struct swap_count {  // counted once, also when an unmap below throws
+    std::atomic<std::size_t>& total;
+    std::size_t n = 0;
+    ~swap_count() { total.fetch_add(n, std::memory_order_relaxed); }
+  } swaps{pages_revived};
+  std::vector<std::size_t> missing;
+  for (std::size_t i = first; i < end; ++i) {
+    switch (use_of(a, c, i)) {
+      case page_use::ready:
+        continue;
+      case page_use::swap:  // 1. The page comes back from a free place of this arena.
+        take_back(c, i);
+        ++swaps.n;
+        continue;
+      case page_use::conflict:
+        // 2. The alias goes, once the free that ended its last use is settled: if
+        //    it is not yet, this waits for the stream's own work up to that free
+        //    (cuEventSynchronize on its fence; never the device), which only the
+        //    first steps of a loop meet (Note [Pages under the blocks]).
+        if (c.pages[i] != 0) {
+          wait_settled(a, epoch);
+          unmap_alias(c, i);
+        }
+        missing.push_back(i);
+    }
+  }
+  return missing;
+}
+
 bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
   const std::vector<arena*> others = pool.arenas_except(&a);  // before any arena lock
   bool complete = true;
@@ -293,28 +324,9 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
     chunk& c = *b->owner;
     const std::size_t first = (b->address - c.base) / page;
     const std::size_t last = (b->address + b->size - 1 - c.base) / page;
-    std::vector<std::size_t> missing;
-    for (std::size_t i = first; i <= last; ++i) {
-      if (c.is_ready(i)) continue;
-      if (c.pages[i] != 0) {
-        const page_ref there = c.home_at[i]->primary.load();
-        // 1. Take the page back from a free place of this arena: a swap.
-        if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
-          take_back(c, i);
-          pages_revived.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        // 2. The alias goes, once the free that ended its last use is settled: if
-        //    it is not yet, this waits for the stream's own work up to that free
-        //    (cuEventSynchronize on its fence; never the device), which only the
-        //    first steps of a loop meet (Note [Pages under the blocks]).
-        wait_settled(a, b->free_epoch);
-        unmap_alias(c, i);
-      }
-      missing.push_back(i);
-    }
+    const std::vector<std::size_t> missing = repair_pages(a, c, first, last + 1, b->free_epoch);
     // 3. Pages for the rest.
-    if (complete && !missing.empty()) complete = fill_pages(a, others, c, missing);
+    if (!missing.empty()) complete = fill_pages(a, others, c, missing);
   }
   enforce_threshold();
   return complete;

@@ -298,22 +298,8 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
   if (best != nullptr) {
     chunk& c = *best->owner;
     const std::size_t first = page_index(c, best->address);
-    std::vector<std::size_t> missing;
-    for (std::size_t i = first; i < first + n; ++i) {
-      if (c.is_ready(i)) continue;
-      if (c.pages[i] != 0) {
-        const page_ref there = c.home_at[i]->primary.load();
-        if (there.c != nullptr && there.c->owner == &a && !there.c->page_busy(there.index)) {
-          take_back(c, i);
-          pages_revived.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        // Its page is in use elsewhere: the alias goes (once settled) and a page comes.
-        wait_settled(a, best->free_epoch);
-        unmap_alias(c, i);
-      }
-      missing.push_back(i);
-    }
+    // Its pages in use elsewhere lose their aliases (once settled), and pages come.
+    const std::vector<std::size_t> missing = repair_pages(a, c, first, first + n, best->free_epoch);
     if (!missing.empty() && !fill_pages(a, others, c, missing)) {
       a.slots.push(best);  // memory is short: it waits, with what it got
       return nullptr;

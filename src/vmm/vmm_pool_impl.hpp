@@ -174,6 +174,11 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   bool is_settled(const arena& a, std::uint64_t epoch) const noexcept { return epoch <= a.settled_frees; }
   // Waits (on the host) for a's work up to its free number `epoch`: its fence.
   void wait_settled(arena& a, std::uint64_t epoch);
+  // Makes pages [first, end) of c (in a) ready where no new page is needed: a
+  // handle whose primary place is free in `a` comes back (a swap); an alias whose
+  // handle is in use elsewhere goes, once `epoch`, the free that ended the
+  // range's last use, is settled. Returns the pages left without a handle, ascending.
+  std::vector<std::size_t> repair_pages(arena& a, chunk& c, std::size_t first, std::size_t end, std::uint64_t epoch);
   // Updates peak_used with what every arena has in use now, a's own peak, and
   // busy_peaks (a's lock held).
   void note_peak(arena& a, const std::vector<arena*>& others);
