@@ -322,9 +322,10 @@ bool vmm_pool_resource::impl::make_ready(arena& a, block* b) {
   {
     std::lock_guard lock(a.lock);
     chunk& c = *b->owner;
-    const std::size_t first = (b->address - c.base) / page;
-    const std::size_t last = (b->address + b->size - 1 - c.base) / page;
-    const std::vector<std::size_t> missing = repair_pages(a, c, first, last + 1, b->free_epoch);
+    // Every page the block touches, the partly covered ones at its ends too.
+    const std::size_t first = page_index(c, b->address);
+    const std::size_t end = page_index(c, b->address + b->size - 1) + 1;
+    const std::vector<std::size_t> missing = repair_pages(a, c, first, end, b->free_epoch);
     // 3. Pages for the rest.
     if (!missing.empty()) complete = fill_pages(a, others, c, missing);
   }

@@ -297,9 +297,9 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
   }
   if (best != nullptr) {
     chunk& c = *best->owner;
-    const std::size_t first = page_index(c, best->address);
+    const auto [first, end] = pages_of(best);
     // Its pages in use elsewhere lose their aliases (once settled), and pages come.
-    const std::vector<std::size_t> missing = repair_pages(a, c, first, first + n, best->free_epoch);
+    const std::vector<std::size_t> missing = repair_pages(a, c, first, end, best->free_epoch);
     if (!missing.empty() && !fill_pages(a, others, c, missing)) {
       a.slots.push(best);  // memory is short: it waits, with what it got
       return nullptr;
