@@ -52,18 +52,6 @@ class free_slots {
     return skip < r->items.size() ? r->items[r->items.size() - 1 - skip].b : nullptr;
   }
 
-  // Removes and returns what peek(size) would, when `ready` takes it; else
-  // null (the hot path's slot cache hit).
-  template <class F>
-  block* pop_lowest_if(std::size_t size, F&& ready) {
-    row* r = find(size);
-    if (r == nullptr) return nullptr;
-    const std::size_t skip = known_waiting(*r);
-    if (skip >= r->items.size()) return nullptr;
-    const auto at = r->items.end() - 1 - static_cast<std::ptrdiff_t>(skip);
-    return ready(at->b) ? take(*r, at) : nullptr;
-  }
-
   void push(block* b) {
     b->wait_seen = {};  // what kept it waiting before it was last handed out is gone
     row& r = find_or_make(b->size);
@@ -104,7 +92,8 @@ class free_slots {
   }
 
   // Removes and returns the free slot of exactly `size` bytes at the lowest
-  // address past the slots that still wait, when `ready` takes it; else null.
+  // address past the slots that still wait, when `ready` takes it; else null
+  // (the hot path's slot cache hit).
   template <class F>
   block* pop_first_ready(std::size_t size, F&& ready) {
     row* r = find(size);

@@ -2,9 +2,11 @@
 #include "pool/pool_inspector.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "pool/pool_impl.hpp"
 #include "vmm/vmm_pool_impl.hpp"
@@ -131,12 +133,16 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
 std::string pool_inspector::violations(vmm_pool_resource& pool) {
   using impl = vmm_pool_resource::impl;
   impl& m = *pool.impl_;
-  std::lock_guard growing(m.pool.growth_mutex);  // the handles' places change only under it
+  std::lock_guard growing(m.pool.growth_mutex);  // no page moves, is made or goes
   if (std::string v = engine_violations(m.pool, m.page); !v.empty()) return v;
   std::shared_lock arenas_lock(m.pool.arenas_mutex);
+  // Every arena's lock at once (the growth mutex's holder may hold several):
+  // slots change places by swapping under their arena's lock alone (Note
+  // [Reusing a slot on the hot path]), and the handles' records below span arenas.
+  std::vector<std::unique_lock<spin_lock>> held;
+  for (const auto& [key, a] : m.pool.arenas) held.emplace_back(a->lock);
   std::size_t places = 0;
   for (const auto& [key, a] : m.pool.arenas) {
-    std::lock_guard lock(a->lock);
     std::size_t ready_bytes = 0;
     for (chunk* c : a->chunks) {
       for (std::size_t i = 0; i < c->pages.size(); ++i) {

@@ -411,29 +411,16 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   const std::size_t page = settings.page_bytes;
   const std::size_t size = (bytes + page - 1) / page * page;
   const pool_request r{.size = size, .requested = bytes, .alignment = page, .need = size};
-  {
-    // The lowest-addressed free slot that is ready, past those that still wait
-    // on a page in use (Note [Slots for large requests]): the backing's choice,
-    // made here without the growth mutex. A slot that is neither goes to the backing.
-    std::lock_guard lock(a.lock);
-    block* b = a.slots.pop_first_ready(size, [&](const block* s) { return pages_ready(s); });
-    if (b != nullptr) {
-      take_slot(a, b, bytes);
-      return reinterpret_cast<void*>(b->address);
-    }
-  }
+  // The hot path found no free slot that is ready or needs swaps within the
+  // arena only (allocate()).
   if (size > backing->largest_possible()) throw_out_of_memory(bytes);
   growth_waiter waiting(a);
-  {
-    std::shared_lock reusing(growth_mutex);
-    if (void* p = backing->reuse_slot(a, r, false)) return p;
-  }
   // Slots other streams freed back to this one (no growth mutex needed), before
   // the exclusive path: with streams that free each other's blocks, that is
   // where most misses end (W5's data-pipeline).
   if (absorb_pending(a)) {
     std::shared_lock reusing(growth_mutex);
-    if (void* p = backing->reuse_slot(a, r, true)) return p;
+    if (void* p = backing->reuse_slot(a, r)) return p;
   }
   std::lock_guard growing(growth_mutex);
   if (void* p = backing->allocate_slot(a, r)) return p;

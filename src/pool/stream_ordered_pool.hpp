@@ -88,11 +88,15 @@ class pool_backing {
   // held, when the lowest-addressed free slot of that size (if any) is not ready:
   // another free slot, or a new one. Null when memory is short.
   virtual void* allocate_slot(arena& a, const pool_request& r);
+  // Paged pools: a free slot for the request whose pages need swaps within
+  // `a` only, or null; a's lock held, not the growth mutex (the hot path's
+  // miss: Note [Reusing a slot on the hot path], src/vmm/page_slots.cpp).
+  virtual void* swap_slot(arena&, const pool_request&) { return nullptr; }
   // Paged pools: a free slot for the request that needs no driver call, or
-  // null; the growth mutex held shared (no thread grows meanwhile, other
-  // threads may reuse slots of other arenas). `absorbed`: the frees other
-  // streams made of a's blocks were just absorbed.
-  virtual void* reuse_slot(arena&, const pool_request&, bool /*absorbed*/) { return nullptr; }
+  // null, once the frees other streams made of a's blocks were absorbed; the
+  // growth mutex held shared (no thread grows meanwhile, other threads may
+  // reuse slots of other arenas).
+  virtual void* reuse_slot(arena&, const pool_request&) { return nullptr; }
   // The end of the out-of-memory message: what the pool holds and what limits it.
   virtual std::string shortage(std::size_t requested) = 0;
   // Requests that need more than this fail at once, without a device synchronisation.
@@ -202,7 +206,8 @@ class stream_ordered_pool {
 
   // ---- slow paths; no lock held on entry ----
   void* allocate_slow(arena& a, const pool_request& r);
-  // Requests of slot_min_bytes or more: a free slot of the size, else the backing.
+  // Requests of slot_min_bytes or more that the hot path found no free slot
+  // for (ready, or ready after swaps within the arena): the backing.
   void* allocate_slot(arena& a, std::size_t bytes);
   // A block freed on another stream, or when the device was synchronised, made
   // free in its arena; a slot goes back to the slot cache. a's lock is held.
@@ -277,7 +282,7 @@ class stream_ordered_pool {
   void reset_peak_reserved() noexcept { peak_reserved_bytes.store(reserved_bytes.load()); }
 
   // Serialises growing and giving back; held shared only to reuse a slot
-  // (Note [Reusing a slot under the shared growth mutex], src/vmm/page_slots.cpp).
+  // (Note [Reusing a slot on the hot path], src/vmm/page_slots.cpp).
   alignas(apart) growth_mutex_type growth_mutex;
   alignas(apart) std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
@@ -312,15 +317,20 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
     throw_capturing(name, "allocate", stream.handle());
   }
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
-    // The slot cache's hit here, inline as the quick cache's is (W1's large column).
+    // The slot cache's hit here, inline as the quick cache's is (W1's large
+    // column): the lowest-addressed free slot past those that still wait on a
+    // page in use, when it is ready (Note [Slots for large requests]).
     const std::size_t slot_size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
     {
       std::lock_guard lock(a.lock);
-      block* s = a.slots.pop_lowest_if(slot_size, [&](const block* y) { return pages_ready(y); });
+      block* s = a.slots.pop_first_ready(slot_size, [&](const block* y) { return pages_ready(y); });
       if (s != nullptr) [[likely]] {
         take_slot(a, s, bytes);
         return reinterpret_cast<void*>(s->address);
       }
+      // Else one whose pages need swaps within the arena only.
+      const pool_request r{.size = slot_size, .requested = bytes, .alignment = settings.page_bytes, .need = slot_size};
+      if (void* p = backing->swap_slot(a, r)) return p;
     }
     return allocate_slot(a, bytes);
   }
@@ -483,7 +493,7 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
   if (!lock.owns_lock()) return nullptr;
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
     const std::size_t page = settings.page_bytes;
-    block* s = a.slots.pop_lowest_if((bytes + page - 1) / page * page, [&](const block* y) { return pages_ready(y); });
+    block* s = a.slots.pop_first_ready((bytes + page - 1) / page * page, [&](const block* y) { return pages_ready(y); });
     if (s == nullptr) return nullptr;
     take_slot(a, s, bytes);
     return reinterpret_cast<void*>(s->address);

@@ -85,31 +85,26 @@ vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, cons
 bool vmm_pool_resource::impl::usable(arena& a, block* s) {
   const chunk& c = *s->owner;
   const auto [first, end] = pages_of(s);
-  bool ok = true;
-  const bool looked = c.for_each_unready(first, end, [&](std::size_t i) {
+  return c.for_each_unready(first, end, [&](std::size_t i) {
     // What keeps the page's handle from this slot, when the arena's lock alone
     // can tell that it still does: a busy page or a live slot of this arena,
     // or no handle at all. The first found is the slot's wait (Note [Slots
-    // known to wait]); a handle in another arena or on its way is not known,
-    // and the look goes on for one that is.
+    // known to wait]). A handle in another arena or on its way is not known:
+    // the look stops there too, without a wait (looking on for one cost more
+    // pages looked at than the waits it found saved).
     if (c.pages[i] == 0) {
       s->wait_seen = {&chunk::never_changes, chunk::never_changes};
       return false;
     }
     const page_ref there = c.home_at[i]->primary.load();
-    if (there.c == nullptr || there.c->owner != &a) {
-      ok = false;
-      return true;
-    }
-    const bool busy = there.c->page_busy(there.index);
-    if (!busy) return true;  // a swap
+    if (there.c == nullptr || there.c->owner != &a) return false;
+    if (!there.c->page_busy(there.index)) return true;  // a swap
     std::uint64_t* word =
         there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->uses[there.index].busy_mark;
     *word |= detail::waited_on;  // its change wakes the free slots (Note [Slots known to wait])
     s->wait_seen = {word, *word};
     return false;
   });
-  return looked && ok;
 }
 
 void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
@@ -205,33 +200,49 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
   return got;
 }
 
-// Note [Reusing a slot under the shared growth mutex]
-// Most requests that miss the hot paths find a free slot that needs swaps only
-// (its aliases' handles are free in the same arena). Taking it reads the
-// handles' places and swaps primary and alias, which other arenas' growth
-// would race with; it does not create, map or move anything. So it runs under
-// the growth mutex held shared (reuse_slot), and only a request that needs a
-// new or repaired slot takes it exclusively (allocate_slot). Threads of
-// different streams then reuse slots at once (W3). Under the shared mutex:
-//  - the handle map's shape never changes (inserts and erases hold it
-//    exclusively), so lookups are safe;
-//  - a swap writes a handle's primary place only under the lock of the arena
-//    where that place is, and of the one it moves to: within the caller's
-//    arena (use_of checks the owner), or from another arena of the same
-//    thread (Note [Swaps across streams]), whose lock is then only tried;
-//  - an arena reads the primary places of handles mapped in it under its own
-//    lock, so a place in it does not change under the look; other arenas
-//    read them (page_home::primary, two relaxed atomics) only to see that
-//    they are not theirs;
+// Note [Reusing a slot on the hot path]
+// Most requests that miss the slot cache's hit find a free slot that needs
+// swaps only: its aliases' handles are free in the same arena. Taking it
+// reads the handles' places and swaps primary and alias; it does not create,
+// map or move anything. It runs on the hot path, under the arena's lock alone
+// (swap_slot), as a ready slot's hit does; the growth mutex is taken only
+// after that fails: shared for the swaps across streams after an absorb
+// (reuse_slot), exclusively for a new or repaired slot (allocate_slot). What
+// makes the arena's lock enough:
+//  - a handle's primary place is written only under the lock of the arena
+//    where it was and of the one where it goes (a swap within the arena, a
+//    swap across streams, take_page, map_pages and return_unplaced all hold
+//    them), so a place in this arena does not change under the look, and a
+//    handle on its way elsewhere (no primary, or a place in another arena) is
+//    not a swap (usable() checks the owner);
+//  - other arenas read a handle's primary place (page_home::primary, two
+//    relaxed atomics) only to see whether it is theirs, and a swap within this
+//    arena leaves it in this arena;
+//  - a handle's record is erased, and an alias unmapped, only under the lock
+//    of the arena of its places (release_free_pages, unmap_alias), so the
+//    records the slot's pages point at stay; the swap looks nothing up in the
+//    handle map, whose shape growth changes;
+//  - whoever looks at several arenas (growth, trim, statistics, the
+//    inspector) takes each one's lock, and counts nothing that a swap within
+//    an arena changes (its reserved bytes, its alias count) across two of them;
 //  - a thread that holds its arena's lock never waits for another's.
+// Threads of different streams so reuse slots at once without meeting on any
+// shared word (W3), and a miss costs the swaps and a second look at the row,
+// not two more lock round trips (W5, docs/benchmarks.md).
 
-void* vmm_pool_resource::impl::reuse_slot(arena& a, const detail::pool_request& r, bool absorbed) {
-  std::lock_guard lock(a.lock);
+void* vmm_pool_resource::impl::swap_slot(arena& a, const detail::pool_request& r) {
   block* s = take_usable(a, r.size);
-  // Swaps across streams once the frees other streams made of a's blocks are
-  // absorbed: that absorb's wait on their fences orders most of their pages
-  // too (arena::waited), where a swap before it would wait on its own.
-  if (s == nullptr && absorbed && a.takes_turns) s = take_usable_across(a, r.size, true);
+  return s != nullptr ? hand_out(a, s, r.requested) : nullptr;
+}
+
+void* vmm_pool_resource::impl::reuse_slot(arena& a, const detail::pool_request& r) {
+  std::lock_guard lock(a.lock);
+  // The frees other streams made of a's blocks were just absorbed: a slot may
+  // need swaps within a now, or swaps across streams, whose absorb's wait on
+  // their fences ordered most of their pages too (arena::waited), where a swap
+  // before it would wait on its own.
+  block* s = take_usable(a, r.size);
+  if (s == nullptr && a.takes_turns) s = take_usable_across(a, r.size, true);
   return s != nullptr ? hand_out(a, s, r.requested) : nullptr;
 }
 

@@ -59,7 +59,7 @@ namespace gpumem {
 // holds two arena locks; and in reuse_slot right after an absorb of the frees
 // other streams made of a's blocks (that absorb's wait orders most of their
 // pages for a), the mutex held shared, where s's lock is only tried (Note
-// [Reusing a slot under the shared growth mutex]).
+// [Reusing a slot on the hot path]).
 //
 // Which free slot is taken stays the lowest-addressed one of the size that
 // needs no driver call. Whether a place is ordered for a depends on which

@@ -32,10 +32,9 @@ struct page_ref {
   bool operator==(const page_ref&) const = default;
 };
 
-// A page_ref read and written as two relaxed atomics. Written only by a holder
-// of the growth mutex (exclusive), or, under it shared, of the lock of the
-// arena the place is in (a swap: Note [Reusing a slot under the shared growth
-// mutex]); read under the shared mutex by other arenas, which look only at
+// A page_ref read and written as two relaxed atomics. Written only under the
+// locks of the arenas of the place it leaves and of the place it names (Note
+// [Reusing a slot on the hot path]); read by other arenas, which look only at
 // whether the place is theirs (its chunk's owner), so a torn pair is harmless.
 struct shared_page_ref {
   std::atomic<chunk*> c{nullptr};
@@ -88,7 +87,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t give_back(bool device_synchronized) override;
   void before_last_growth() override {}  // the growth after the synchronisation takes every free page
   void* allocate_slot(arena& a, const detail::pool_request& r) override;
-  void* reuse_slot(arena& a, const detail::pool_request& r, bool absorbed) override;
+  void* swap_slot(arena& a, const detail::pool_request& r) override;
+  void* reuse_slot(arena& a, const detail::pool_request& r) override;
   std::string shortage(std::size_t requested) override;
   std::size_t largest_possible() const override { return maximum; }
 
@@ -124,8 +124,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   bool usable(arena& a, block* s);
   // allocate_slot's work: a usable or repaired free slot, else a new one.
   void* find_slot(arena& a, const detail::pool_request& r);
-  // The free slot of `size` that needs swaps only, swapped and out of the
-  // cache, or null (a's lock held; the growth mutex, shared at least).
+  // The free slot of `size` that needs swaps within `a` only, swapped and out
+  // of the cache, or null (a's lock held: Note [Reusing a slot on the hot path]).
   block* take_usable(arena& a, std::size_t size);
   // Across streams (Note [Swaps across streams], swaps_across_streams.cpp; the
   // growth mutex held, a's lock held, other arenas' locks taken one at a time):

@@ -197,7 +197,7 @@ void vmm_pool_resource::reset_peak() { impl_->pool.reset_peak_reserved(); }
 
 vmm_pool_statistics vmm_pool_resource::statistics() const {
   impl& m = *impl_;
-  std::lock_guard growing(m.pool.growth_mutex);  // the handles' places change only under it
+  std::lock_guard growing(m.pool.growth_mutex);  // no page moves, is made or goes (a swap keeps each arena's count)
   const detail::pool_totals t = m.pool.collect();
   std::size_t alias_pages = 0;
   {

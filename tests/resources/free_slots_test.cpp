@@ -65,7 +65,7 @@ TEST(FreeSlots, TheLowestAddressComesFirstWhateverTheOrderOfFrees) {
     } else if (what == 2) {
       // The hot path's take: only when its test passes.
       const bool take = rng() % 2 == 0;
-      block* b = slots.pop_lowest_if(page, [&](const block* y) {
+      block* b = slots.pop_first_ready(page, [&](const block* y) {
         EXPECT_EQ(seg.index(y), *model.begin());
         return take;
       });
