@@ -176,6 +176,9 @@ class stream_ordered_pool {
   // Paged pools: whether every page `b` touches is ready.
   bool pages_ready(const block* b) const noexcept;
   void free_into(arena& a, block* b, std::uint64_t epoch);
+  // A free slot of the request's size that is ready, or ready after swaps
+  // within `a` (a's lock held), handed out; or null.
+  void* take_free_slot(arena& a, std::size_t bytes);
   // Hands out `b`, a block of a's quick cache just taken from it, for `bytes`.
   // Paged pools: its pages stayed busy, and so ready, while it was cached (Note
   // [Quick-cached blocks keep their pages]).
@@ -206,8 +209,8 @@ class stream_ordered_pool {
 
   // ---- slow paths; no lock held on entry ----
   void* allocate_slow(arena& a, const pool_request& r);
-  // Requests of slot_min_bytes or more that the hot path found no free slot
-  // for (ready, or ready after swaps within the arena): the backing.
+  // Requests of slot_min_bytes or more that take_free_slot found no free slot
+  // for: the backing.
   void* allocate_slot(arena& a, std::size_t bytes);
   // A block freed on another stream, or when the device was synchronised, made
   // free in its arena; a slot goes back to the slot cache. a's lock is held.
@@ -317,20 +320,9 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
     throw_capturing(name, "allocate", stream.handle());
   }
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
-    // The slot cache's hit here, inline as the quick cache's is (W1's large
-    // column): the lowest-addressed free slot past those that still wait on a
-    // page in use, when it is ready (Note [Slots for large requests]).
-    const std::size_t slot_size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
     {
       std::lock_guard lock(a.lock);
-      block* s = a.slots.pop_first_ready(slot_size, [&](const block* y) { return pages_ready(y); });
-      if (s != nullptr) [[likely]] {
-        take_slot(a, s, bytes);
-        return reinterpret_cast<void*>(s->address);
-      }
-      // Else one whose pages need swaps within the arena only.
-      const pool_request r{.size = slot_size, .requested = bytes, .alignment = settings.page_bytes, .need = slot_size};
-      if (void* p = backing->swap_slot(a, r)) return p;
+      if (void* p = take_free_slot(a, bytes)) [[likely]] return p;
     }
     return allocate_slot(a, bytes);
   }
@@ -352,6 +344,19 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
     if (void* p = finish_unready(a, unready, false)) return p;
   }
   return allocate_slow(a, {.size = size, .requested = bytes, .alignment = alignment, .need = need});
+}
+
+inline void* stream_ordered_pool::take_free_slot(arena& a, std::size_t bytes) {
+  // The slot cache's hit, inline as the quick cache's is (W1's large column):
+  // the lowest-addressed free slot past those that still wait on a page in
+  // use, when it is ready (Note [Slots for large requests]).
+  const std::size_t size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
+  if (block* s = a.slots.pop_first_ready(size, [&](const block* y) { return pages_ready(y); })) [[likely]] {
+    take_slot(a, s, bytes);
+    return reinterpret_cast<void*>(s->address);
+  }
+  // Else one whose pages need swaps within the arena only.
+  return backing->swap_slot(a, {.size = size, .requested = bytes, .alignment = settings.page_bytes, .need = size});
 }
 
 inline void stream_ordered_pool::take_cached(arena& a, block* b, std::size_t bytes) noexcept {
@@ -470,9 +475,11 @@ inline bool stream_ordered_pool::fence_due_on_free(const arena& a, std::size_t b
 //    thread creating an arena holds across driver calls);
 //  - the arena's lock is only tried: the slot and growth paths hold it across
 //    driver calls and host waits for fences (page_slots.cpp);
-//  - an allocation comes from the quick cache, the free index's good fit or the
-//    slot cache only where every page under it is ready; a free is of the
-//    arena's own live block and records no fence (cuEventRecord);
+//  - an allocation comes from the quick cache, the free index's good fit only
+//    where every page under it is ready, or the slot cache where every page
+//    is ready or comes back by a swap within the arena (no driver call: Note
+//    [Reusing a slot on the hot path]); a free is of the arena's own live
+//    block and records no fence (cuEventRecord);
 //  - the only driver call is the capture check, a query that takes no lock of
 //    the pool's, as CuPy's pool makes under the GIL.
 // Anything else returns null or false before any state changes, and the caller
@@ -491,13 +498,7 @@ inline void* stream_ordered_pool::try_allocate_now(std::size_t bytes, stream_vie
   arena& a = *cached;
   std::unique_lock lock(a.lock, std::try_to_lock);
   if (!lock.owns_lock()) return nullptr;
-  if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
-    const std::size_t page = settings.page_bytes;
-    block* s = a.slots.pop_first_ready((bytes + page - 1) / page * page, [&](const block* y) { return pages_ready(y); });
-    if (s == nullptr) return nullptr;
-    take_slot(a, s, bytes);
-    return reinterpret_cast<void*>(s->address);
-  }
+  if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) return take_free_slot(a, bytes);
   const std::size_t size = (bytes + granule - 1) & ~(granule - 1);
   if (block* b = a.quick.peek(size, alignment)) {
     if (page_shift != 0 && !pages_ready(b)) return nullptr;
