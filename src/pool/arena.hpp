@@ -114,6 +114,9 @@ struct alignas(64) arena {
   std::uint64_t settled_frees = 0;
   free_slots slots;  // paged pools: free slots by size
   std::uint64_t slot_handouts = 0;  // slots handed out, ever: each hand-out's block::uses
+  // Paged pools: pages taken back by a place of this arena that they had left
+  // (swaps), ever; counted under the lock, not on a word every thread writes.
+  std::uint64_t pages_revived = 0;
   // Paged pools: `frees` when another stream last saw it change, and when
   // (steady_clock ns); a stream that has freed nothing for a while is idle, and
   // its free pages may go to others (src/vmm/page_backing.cpp).

@@ -287,11 +287,6 @@ bool vmm_pool_resource::impl::fill_pages(arena& a, const std::vector<arena*>& ot
 
 std::vector<std::size_t> vmm_pool_resource::impl::repair_pages(arena& a, chunk& c, std::size_t first, std::size_t end,
                                                                std::uint64_t epoch) {
-  struct swap_count {  // counted once, also when an unmap below throws
-    std::atomic<std::size_t>& total;
-    std::size_t n = 0;
-    ~swap_count() { total.fetch_add(n, std::memory_order_relaxed); }
-  } swaps{pages_revived};
   std::vector<std::size_t> missing;
   for (std::size_t i = first; i < end; ++i) {
     switch (use_of(a, c, i)) {
@@ -299,7 +294,7 @@ std::vector<std::size_t> vmm_pool_resource::impl::repair_pages(arena& a, chunk& 
         continue;
       case page_use::swap:  // 1. The page comes back from a free place of this arena.
         take_back(c, i);
-        ++swaps.n;
+        ++a.pages_revived;
         continue;
       case page_use::conflict:
         // 2. The alias goes, once the free that ended its last use is settled: if

@@ -275,8 +275,7 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, s
     ++swaps;
     return true;
   });
-  // Counted once: a locked add per page would order the swaps' memory accesses.
-  pages_revived.fetch_add(swaps, std::memory_order_relaxed);
+  a.pages_revived += swaps;
   return s;
 }
 

@@ -173,7 +173,7 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable_across(aren
     }
     ++swaps;
   }
-  pages_revived.fetch_add(swaps, std::memory_order_relaxed);
+  a.pages_revived += swaps;
   wait_across(a, waits);  // the pages it swapped are the slot's own now, in order
   if (!complete) {
     a.slots.push(s);

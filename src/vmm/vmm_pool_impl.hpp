@@ -160,7 +160,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,
                                const std::function<bool(const block*)>& accept);
   // The alias at page i of `c` becomes its handle's primary place again (swap;
-  // the caller counts it in pages_revived).
+  // the caller counts it in arena::pages_revived).
   void take_back(chunk& c, std::size_t i);
   // Addresses for a new slot of `size` bytes from a's slot segments (a new
   // segment when none has room; `lock`, on a, is released meanwhile).
@@ -266,7 +266,6 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::atomic<std::size_t> address_bytes{0};
   std::atomic<std::size_t> pages_created{0};
   std::atomic<std::size_t> pages_moved{0};
-  std::atomic<std::size_t> pages_revived{0};
   std::atomic<std::size_t> pages_released{0};
 };
 

@@ -200,10 +200,12 @@ vmm_pool_statistics vmm_pool_resource::statistics() const {
   std::lock_guard growing(m.pool.growth_mutex);  // no page moves, is made or goes (a swap keeps each arena's count)
   const detail::pool_totals t = m.pool.collect();
   std::size_t alias_pages = 0;
+  std::size_t revived = 0;
   {
     std::shared_lock lock(m.pool.arenas_mutex);
     for (auto& [key, a] : m.pool.arenas) {
       std::lock_guard g(a->lock);
+      revived += a->pages_revived;
       for (const detail::chunk* c : a->chunks) {
         for (std::size_t i = 0; i < c->pages.size(); ++i) alias_pages += c->pages[i] != 0 && !c->is_ready(i);
       }
@@ -220,7 +222,7 @@ vmm_pool_statistics vmm_pool_resource::statistics() const {
   s.pages = s.mapped_bytes / m.page;
   s.pages_created = m.pages_created.load();
   s.pages_moved = m.pages_moved.load();
-  s.pages_revived = m.pages_revived.load();
+  s.pages_revived = revived;
   s.pages_released = m.pages_released.load();
   s.alias_pages = alias_pages;
   s.streams = t.streams;
