@@ -92,11 +92,12 @@ bool vmm_pool_resource::impl::usable(arena& a, block* s) {
     // known to wait]). A handle in another arena or on its way is not known:
     // the look stops there too, without a wait (looking on for one cost more
     // pages looked at than the waits it found saved).
-    if (c.pages[i] == 0) {
+    const page_home* h = c.home_at[i];  // null exactly where no handle is mapped
+    if (h == nullptr) {
       s->wait_seen = {&chunk::never_changes, chunk::never_changes};
       return false;
     }
-    const page_ref there = c.home_at[i]->primary.load();
+    const page_ref there = h->primary.load();
     if (there.c == nullptr || there.c->owner != &a) return false;
     if (!there.c->page_busy(there.index)) return true;  // a swap
     std::uint64_t* word =
