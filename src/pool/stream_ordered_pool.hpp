@@ -115,7 +115,9 @@ struct pool_totals {
 };
 
 // The growth mutex: held exclusively to grow and give back, shared only to
-// reuse a slot. A read-write lock that prefers writers: one that prefers
+// reuse a slot with swaps across streams after an absorb (a slot that needs
+// swaps within its arena takes none: Note [Reusing a slot on the hot path],
+// src/vmm/page_slots.cpp). A read-write lock that prefers writers: one that prefers
 // readers (std::shared_mutex on glibc) lets new shared holders in past a
 // waiting exclusive one, so threads that keep reusing slots would starve a
 // thread that must grow or trim (docs/vmm.md, "Slots"). Shared holds are never
@@ -284,8 +286,8 @@ class stream_ordered_pool {
   // The peak becomes what is held now.
   void reset_peak_reserved() noexcept { peak_reserved_bytes.store(reserved_bytes.load()); }
 
-  // Serialises growing and giving back; held shared only to reuse a slot
-  // (Note [Reusing a slot on the hot path], src/vmm/page_slots.cpp).
+  // Serialises growing and giving back; held shared only for swaps across
+  // streams after an absorb (growth_mutex_type above).
   alignas(apart) growth_mutex_type growth_mutex;
   alignas(apart) std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
