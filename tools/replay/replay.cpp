@@ -298,15 +298,26 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
   }
   result.seconds = std::chrono::duration<double>(t1 - t0).count();
 
-  // What the log never freed.
-  for (std::size_t k = 0; k < chosen.size(); ++k) {
-    if (chosen[k]->allocate && state[k].load() == 1) {
-      ++result.left_live;
-      mr.deallocate(pointer[k], chosen[k]->bytes, view_of(chosen[k]->stream), chosen[k]->alignment);
+  // What the log never freed. After a worker's error the resource may fail here
+  // too (a broken context fails every call); the worker's error is the one that
+  // says what went wrong, so the clean-up's own is dropped then.
+  const auto free_what_is_left = [&] {
+    for (std::size_t k = 0; k < chosen.size(); ++k) {
+      if (chosen[k]->allocate && state[k].load() == 1) {
+        ++result.left_live;
+        mr.deallocate(pointer[k], chosen[k]->bytes, view_of(chosen[k]->stream), chosen[k]->alignment);
+      }
     }
+    for (auto& [handle, s] : streams) s->synchronize();
+  };
+  if (worker_error) {
+    try {
+      free_what_is_left();
+    } catch (...) {
+    }
+    std::rethrow_exception(worker_error);
   }
-  for (auto& [handle, s] : streams) s->synchronize();
-  if (worker_error) std::rethrow_exception(worker_error);
+  free_what_is_left();
 
   for (const tally& t : tallies) {
     result.replayed += t.replayed;

@@ -27,7 +27,9 @@ using tools::replay_order;
 using tools::replay_threads;
 
 // Hands out addresses from a counter, notes which OS thread made each call and
-// in what order the calls came, and throws on the free of `poisoned`.
+// in what order the calls came, and throws on the free of `poisoned` (and, when
+// `fails_after_poison`, on every free after that one, as a resource left broken
+// by its first error would).
 class recording_resource final : public memory_resource {
  public:
   resource_properties properties() const noexcept override {
@@ -42,6 +44,7 @@ class recording_resource final : public memory_resource {
     return order_;
   }
   void* poisoned = nullptr;
+  bool fails_after_poison = false;
 
  private:
   void note(std::size_t bytes) {
@@ -55,12 +58,17 @@ class recording_resource final : public memory_resource {
   }
   void do_deallocate(void* p, std::size_t bytes, stream_view, std::size_t) override {
     note(bytes);
-    if (p == poisoned) throw std::runtime_error("the poisoned pointer");
+    if (fails_after_poison && poison_seen_.load()) throw std::runtime_error("a free after the poisoned one");
+    if (p == poisoned) {
+      poison_seen_.store(true);
+      throw std::runtime_error("the poisoned pointer");
+    }
   }
   mutable std::mutex mutex_;
   std::set<std::thread::id> threads_;
   std::vector<std::size_t> order_;
   std::atomic<std::uintptr_t> next_{std::uintptr_t{1} << 40};
+  std::atomic<bool> poison_seen_{false};
 };
 
 // `threads` logged threads taking turns, each allocating then freeing; the k-th
@@ -123,6 +131,31 @@ TEST(ReplayThreads, AnErrorInOneThreadEndsTheReplay) {
     if (keep) o.threads = &kept;
     EXPECT_THROW(replay_events_on(events, mr, o), std::runtime_error) << "keep " << keep;
     EXPECT_LT(mr.order().size(), events.size()) << "the replay went on after the error";
+  }
+}
+
+// After a worker's error the replay frees what the log left live; a resource
+// that fails again there must not hide the first error behind its second.
+TEST(ReplayThreads, TheWorkersErrorIsReportedWhenTheCleanUpFailsToo) {
+  const auto events = turns_log(3, 20);
+  for (const bool keep : {false, true}) {
+    recording_resource mr;
+    mr.poisoned = reinterpret_cast<void*>((std::uintptr_t{1} << 40) + 7 * (1 << 20));  // the 8th allocation
+    mr.fails_after_poison = true;
+    replay_threads kept;
+    replay_options o;
+    o.order = replay_order::seq;
+    if (keep) o.threads = &kept;
+    try {
+      replay_events_on(events, mr, o);
+      ADD_FAILURE() << "the replay did not report the error, keep " << keep;
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "the poisoned pointer") << "keep " << keep;
+    }
+    // The clean-up still tried to free what was live: the poisoned allocation,
+    // the log's 15th call (its free was the 16th).
+    ASSERT_FALSE(mr.order().empty());
+    EXPECT_EQ(mr.order().back(), 15U) << "keep " << keep;
   }
 }
 
