@@ -53,6 +53,9 @@ inline constexpr std::string_view cumemalloc_subject_name = "cuMemAlloc";
 
 struct options {
   int reps = 5;                        // timed repetitions per cell; the figure is their median
+  // Each workload's rows are measured this many times, row after row, and a
+  // cell's repetitions are those of every round (Note [Rounds] in main.cpp).
+  int rounds = 1;
   bool quick = false;                  // CI smoke run: fewer ops, shorter repetitions
   double rep_seconds = 0.1;            // what a calibrated repetition aims to last
   // Bounds a cell's time: the repetitions a cell runs after its warm-up are cut

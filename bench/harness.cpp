@@ -163,6 +163,18 @@ std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t co
 
 cell skipped_cell(std::string why) { return failed_cell(cell_status::skipped, std::move(why)); }
 
+void add_round(cell& so_far, cell round_cell, int round) {
+  if (so_far.status != cell_status::ok) return;  // the first round that went wrong is the one reported
+  if (round_cell.status != cell_status::ok) {
+    round_cell.message = "round " + std::to_string(round) + ": " + round_cell.message;
+    round_cell.reps.clear();  // a cell that failed has no figure
+    so_far = std::move(round_cell);
+    return;
+  }
+  so_far.reps.insert(so_far.reps.end(), round_cell.reps.begin(), round_cell.reps.end());
+  so_far.cut_by_budget = so_far.cut_by_budget || round_cell.cut_by_budget;
+}
+
 std::optional<std::string> out_of_memory_from(const std::function<void()>& fn) {
   try {
     fn();

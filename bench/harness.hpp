@@ -50,6 +50,13 @@ std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t co
 // A cell for a subject the workload does not apply to, saying why.
 cell skipped_cell(std::string why);
 
+// Adds round `round` (counted from 1) of a cell to what the earlier rounds gave
+// (--rounds): the repetitions join, so the figure is the median of every round's;
+// a round that failed, errored or was skipped makes the cell say so (the first
+// such round's status and message, naming the round); the charts and the
+// outcome stay the first round's.
+void add_round(cell& so_far, cell round_cell, int round);
+
 // How many of the cell's timed repetitions fit in --cell-budget-s when one
 // lasts `seconds_per_rep` (the warm-up's time): opts.reps without a budget,
 // else as many as fit, at least one. Sets c.cut_by_budget when it cuts.

@@ -102,6 +102,7 @@ std::optional<int> parse_arguments(int argc, char** argv, options& opts) {
   tools::apply_conventions(app, epilog);
   std::string workloads, subjects, traces;
   std::optional<int> reps, rep_ms;
+  int rounds = 1;
   int cell_budget_seconds = 0, time_limit_seconds = 0;
   bool list = false;
   app.add_option("--workloads", workloads,
@@ -115,6 +116,13 @@ std::optional<int> parse_arguments(int argc, char** argv, options& opts) {
                  "timed repetitions per cell, after a warm-up (default 5;\n2 with --quick)")
       ->type_name("N")
       ->check(tools::whole_number(1, 1000));
+  app.add_option("--rounds", rounds,
+                 "measure each workload's rows N times, row after row, and\n"
+                 "take each cell's figure over the repetitions of all N\n"
+                 "(default 1): ratios between rows then rest on the same\n"
+                 "stretches of the host's time")
+      ->type_name("N")
+      ->check(tools::whole_number(1, 100));
   app.add_option("--rep-ms", rep_ms,
                  "what a calibrated repetition aims to last (default 100;\n10 with --quick)")
       ->type_name("MS")
@@ -163,6 +171,7 @@ std::optional<int> parse_arguments(int argc, char** argv, options& opts) {
   // rest (pinned host memory at 16 threads) would otherwise be most of its time.
   if (opts.quick && opts.cell_budget_seconds <= 0) opts.cell_budget_seconds = quick_cell_budget_seconds;
   opts.reps = reps.value_or(opts.quick ? 2 : 5);
+  opts.rounds = rounds;
   opts.rep_seconds = rep_ms.value_or(opts.quick ? 10 : 100) / 1000.0;
   return std::nullopt;
 }
@@ -336,48 +345,69 @@ int run(int argc, char** argv) {
   const bool progress_per_row = ::isatty(STDERR_FILENO) != 0;
   std::size_t cells_total = 0;
   for (const workload* w : workloads) {
-    cells_total += static_cast<std::size_t>(std::count_if(subjects.begin(), subjects.end(),
+    cells_total += static_cast<std::size_t>(opts.rounds) *
+                   static_cast<std::size_t>(std::count_if(subjects.begin(), subjects.end(),
                                                           [&](const subject* s) { return w->has_row_for(*s); }));
   }
   if (!subjects.empty()) warm_up(*subjects.front(), ctx, opts.quick ? 0.05 : 1.0);
+  // Note [Rounds]
+  // Hosts change speed for seconds at a time (docs/benchmarks-method.md, "Timing",
+  // has the figures), so a row measured in a slow stretch and the next in a quick
+  // one compare the host, not the allocators. With --rounds N each workload measures every row, then every
+  // row again, N times: each row's repetitions come from N stretches spread over
+  // the same span as the other rows', and its figure is the median of them all.
+  // Each round makes its own resource (a row's memory figures are per round too),
+  // so no two rows hold device memory at once, as with one round.
   for (const workload* w : workloads) {
     workload_result res;
     res.w = w;
     res.columns = w->columns(opts);
-    for (const subject* s : subjects) {
-      if (!w->has_row_for(*s)) continue;
-      // Progress on stderr (the tables go to stdout): a line per row on a terminal,
-      // a line per workload in a log.
-      ++cells_done;
-      if (progress_per_row || res.rows.empty()) {
-        const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-        std::cerr << "gpumem-bench: [" << cells_done << "/" << cells_total << ", " << static_cast<long long>(so_far)
-                  << " s] " << w->id() << " " << w->name();
-        if (progress_per_row) std::cerr << ": " << s->name;
-        std::cerr << "\n";
+    for (int round = 1; round <= opts.rounds; ++round) {
+      std::size_t row_index = 0;
+      for (const subject* s : subjects) {
+        if (!w->has_row_for(*s)) continue;
+        const std::size_t row = row_index++;
+        // Progress on stderr (the tables go to stdout): a line per row on a terminal,
+        // a line per workload in a log.
+        ++cells_done;
+        if (progress_per_row || (round == 1 && row == 0)) {
+          const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+          std::cerr << "gpumem-bench: [" << cells_done << "/" << cells_total << ", " << static_cast<long long>(so_far)
+                    << " s] " << w->id() << " " << w->name();
+          if (progress_per_row) std::cerr << ": " << s->name;
+          if (progress_per_row && opts.rounds > 1) std::cerr << " (round " << round << " of " << opts.rounds << ")";
+          std::cerr << "\n";
+        }
+        auto error_cell = [](std::string message) {
+          cell c;
+          c.status = cell_status::error;
+          c.message = std::move(message);
+          return c;
+        };
+        std::vector<cell> cells;
+        if (out_of_time()) {
+          // A later round out of time keeps what the earlier ones measured.
+          if (round == 1) {
+            cells.assign(res.columns.size(),
+                         skipped_cell("not run: the run reached --time-limit-s " +
+                                      std::to_string(static_cast<long long>(opts.time_limit_seconds))));
+            res.rows.push_back({s, std::move(cells)});
+          }
+          continue;
+        }
+        try {
+          cells = w->measure(*s, ctx);
+        } catch (const std::exception& e) {  // workloads catch what they expect; this is a bug
+          cells.assign(res.columns.size(), error_cell(e.what()));
+        }
+        cells.resize(res.columns.size(), error_cell("workload returned no cell"));
+        for (const cell& c : cells) errored = errored || c.status == cell_status::error;
+        if (round == 1) {
+          res.rows.push_back({s, std::move(cells)});
+        } else {
+          for (std::size_t k = 0; k < cells.size(); ++k) add_round(res.rows[row].cells[k], std::move(cells[k]), round);
+        }
       }
-      auto error_cell = [](std::string message) {
-        cell c;
-        c.status = cell_status::error;
-        c.message = std::move(message);
-        return c;
-      };
-      std::vector<cell> cells;
-      if (out_of_time()) {
-        cells.assign(res.columns.size(),
-                     skipped_cell("not run: the run reached --time-limit-s " +
-                                  std::to_string(static_cast<long long>(opts.time_limit_seconds))));
-        res.rows.push_back({s, std::move(cells)});
-        continue;
-      }
-      try {
-        cells = w->measure(*s, ctx);
-      } catch (const std::exception& e) {  // workloads catch what they expect; this is a bug
-        cells.assign(res.columns.size(), error_cell(e.what()));
-      }
-      cells.resize(res.columns.size(), error_cell("workload returned no cell"));
-      for (const cell& c : cells) errored = errored || c.status == cell_status::error;
-      res.rows.push_back({s, std::move(cells)});
     }
     print_table(std::cout, info, opts, res);
     if (!opts.plot_dir.empty()) {

@@ -291,8 +291,11 @@ void print_one_table(std::ostream& out, const run_info& info, const options& opt
     std::string& list = c.lower_is_better ? lower : higher;
     list += (list.empty() ? "" : ", ") + c.label;
   }
-  out << "figure: " << w.figure() << "; " << w.method(opts) << (opts.quick ? "; --quick run" : "")
-      << "\n";
+  out << "figure: " << w.figure() << "; " << w.method(opts);
+  if (opts.rounds > 1) {
+    out << "; in " << opts.rounds << " rounds over the rows, the figure over every round's repetitions";
+  }
+  out << (opts.quick ? "; --quick run" : "") << "\n";
   if (higher.empty()) {
     out << "(x): figure / the best peer's in the column; below 1 is faster than the best peer\n";
   } else if (lower.empty()) {
@@ -440,6 +443,7 @@ void write_json(std::ostream& out, const run_info& info, const options& opts,
   doc["started_utc"] = info.started_utc;
   doc["host_threads"] = info.host_threads;
   doc["options"] = json{{"reps", opts.reps},
+                        {"rounds", opts.rounds},
                         {"quick", opts.quick},
                         {"rep_seconds", opts.rep_seconds},
                         {"cell_budget_seconds", opts.cell_budget_seconds}};
