@@ -165,6 +165,12 @@ cell skipped_cell(std::string why) { return failed_cell(cell_status::skipped, st
 
 void add_round(cell& so_far, cell round_cell, int round) {
   if (so_far.status != cell_status::ok) return;  // the first round that went wrong is the one reported
+  if (round_cell.status == cell_status::skipped) {
+    // Not run this round (a W3 thread count judged not to fit the budget): what the
+    // earlier rounds measured stands, with fewer repetitions than asked.
+    so_far.cut_by_budget = true;
+    return;
+  }
   if (round_cell.status != cell_status::ok) {
     round_cell.message = "round " + std::to_string(round) + ": " + round_cell.message;
     round_cell.reps.clear();  // a cell that failed has no figure

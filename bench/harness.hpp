@@ -52,9 +52,10 @@ cell skipped_cell(std::string why);
 
 // Adds round `round` (counted from 1) of a cell to what the earlier rounds gave
 // (--rounds): the repetitions join, so the figure is the median of every round's;
-// a round that failed, errored or was skipped makes the cell say so (the first
-// such round's status and message, naming the round); the charts and the
-// outcome stay the first round's.
+// a round that failed or errored makes the cell say so (the first such round's
+// status and message, naming the round); a round that skipped the cell leaves
+// the earlier rounds' figure, marked as having fewer repetitions than asked;
+// the charts and the outcome stay the first round's.
 void add_round(cell& so_far, cell round_cell, int round);
 
 // How many of the cell's timed repetitions fit in --cell-budget-s when one
