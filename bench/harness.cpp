@@ -173,7 +173,8 @@ void add_round(cell& so_far, cell round_cell, int round) {
   }
   if (round_cell.status != cell_status::ok) {
     round_cell.message = "round " + std::to_string(round) + ": " + round_cell.message;
-    round_cell.reps.clear();  // a cell that failed has no figure
+    // A failure has no figure, unless it is itself the result, timed (W4's "OOM").
+    if (round_cell.outcome.empty()) round_cell.reps.clear();
     so_far = std::move(round_cell);
     return;
   }

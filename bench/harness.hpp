@@ -53,7 +53,8 @@ cell skipped_cell(std::string why);
 // Adds round `round` (counted from 1) of a cell to what the earlier rounds gave
 // (--rounds): the repetitions join, so the figure is the median of every round's;
 // a round that failed or errored makes the cell say so (the first such round's
-// status and message, naming the round); a round that skipped the cell leaves
+// status, message naming the round, and outcome with its time where the failure
+// is the timed result); a round that skipped the cell leaves
 // the earlier rounds' figure, marked as having fewer repetitions than asked;
 // the charts and the outcome stay the first round's.
 void add_round(cell& so_far, cell round_cell, int round);

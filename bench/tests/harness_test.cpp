@@ -47,6 +47,18 @@ TEST(BenchRounds, ARoundThatFailsMakesTheCellFailNamingTheRound) {
   EXPECT_TRUE(c.reps.empty());
 }
 
+TEST(BenchRounds, ARoundWhoseFailureIsTheTimedResultKeepsItsTime) {
+  cell c = measured({40});
+  cell oom = went_wrong(cell_status::failed, "the 25% allocation failed");
+  oom.outcome = "OOM";
+  oom.reps = {52};
+  add_round(c, std::move(oom), 2);
+  EXPECT_EQ(c.status, cell_status::failed);
+  EXPECT_EQ(c.outcome, "OOM");
+  EXPECT_EQ(c.reps, (std::vector<double>{52}));
+  EXPECT_EQ(c.message, "round 2: the 25% allocation failed");
+}
+
 TEST(BenchRounds, ARoundThatSkippedTheCellLeavesTheEarlierFigureMarkedShort) {
   cell c = measured({10, 12});
   add_round(c, went_wrong(cell_status::skipped, "16 threads would not fit --cell-budget-s 5"), 2);
