@@ -179,11 +179,7 @@ if [ -x "$bench" ]; then
   part W2 run_bench W2 --cell-budget-s 5
   part W3 run_bench W3 --cell-budget-s 5
   part W4 run_bench W4
-  # PyTorch's allocator with expandable segments crashes (SIGSEGV inside c10) replaying
-  # W5's logs on an H200 with torch 2.11, which would cost the whole table: left out.
-  w5_subjects="$("$bench" --list | sed -n '/^subjects:/,$p' | tail -n +2 | sed 's/  (peer)$//; s/^ *//' |
-                 grep -vx 'torch caching (expandable)' | paste -sd, -)"
-  part W5 run_bench W5 --cell-budget-s 5 --traces "$root/bench/traces,$out/traces" --subjects "$w5_subjects"
+  part W5 run_bench W5 --cell-budget-s 5 --traces "$root/bench/traces,$out/traces"
   part W6 run_bench W6 --cell-budget-s 8
   part W8 run_bench W8 --cell-budget-s 5
 else

@@ -374,20 +374,31 @@ class replay_workload final : public workload {
     return o;
   }
 
+  // Note [The replay's streams outlive the resource]
+  // A stream-ordered allocator may keep what it knows of a stream (memory freed
+  // on it, a segment of its own, events recorded there) until it is destroyed,
+  // as a program's streams usually outlive its allocator. PyTorch's allocator
+  // with expandable segments (2.11, one segment per stream) ended gpumem-bench
+  // with a segmentation fault on exactly the logs that use streams of their own,
+  // when the replay's streams were destroyed before it was. So the streams of a
+  // log's replays are made before the row's resource and destroyed after it.
+
   // Time and memory from one fresh resource: a measuring replay (the warm-up),
   // then the timed ones.
   static std::vector<cell> measure_time_and_memory(const subject& s, const context& ctx, const trace& t) {
     // Before the resource exists: what a pool takes at construction counts as reserved.
     const std::size_t baseline_free = device_memory_info(ctx.device).free_bytes;
+    // One set of streams for every replay on this resource, as a program's steps
+    // reuse theirs; made before the resource and destroyed after it (Note [The
+    // replay's streams outlive the resource]).
+    tools::replay_stream_set streams;
     return run_cells(s, ctx, 2, [&](memory_resource& mr, stream&) -> std::vector<cell> {
       if (mr.properties().device != ctx.device) {
         const cell skip = skipped_cell("does not hand out device " + std::to_string(ctx.device) +
                                        "'s memory, which the logs were recorded from");
         return {skip, skip};
       }
-      // One set of streams and threads for every replay on this resource, as a
-      // program's steps reuse theirs.
-      tools::replay_stream_set streams;
+      // The threads, too, stay for every replay on this resource.
       tools::replay_threads threads;
       tools::replay_options o = replay_options_for(ctx);
       o.streams = &streams;
@@ -459,11 +470,14 @@ class replay_workload final : public workload {
     } catch (const std::exception& e) {
       return skipped_cell(std::string("could not place the ballast: ") + e.what());
     }
+    tools::replay_stream_set streams;  // outlives the resource, as above
     return run_cell(s, ctx, [&](memory_resource& mr, stream&) -> cell {
       if (mr.properties().device != ctx.device) {
         return skipped_cell("does not hand out device " + std::to_string(ctx.device) + "'s memory");
       }
-      const tools::replay_result r = tools::replay_events_on(t.events, mr, replay_options_for(ctx));
+      tools::replay_options o = replay_options_for(ctx);
+      o.streams = &streams;
+      const tools::replay_result r = tools::replay_events_on(t.events, mr, o);
       cell c;
       c.iterations = r.allocations + r.failures;
       c.reps = {static_cast<double>(r.failures)};
