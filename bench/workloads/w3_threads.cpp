@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "gpumem/device.hpp"
+#include "gpumem/error.hpp"
 #include "harness.hpp"
 #include "plot.hpp"
 #include "report.hpp"
@@ -221,16 +222,25 @@ class threads_workload final : public workload {
       for (std::size_t i = 0; i < threads; ++i) {
         ops.push_back(make_random_ops(ops_per_thread(ctx.opts), max_bytes, first_seed + i));
       }
-      // The cell's own stream goes unused: every thread brings its own.
+      // The cell's own stream goes unused: every thread brings its own, made
+      // before the resource and destroyed after it, as run_cell's stream is (a
+      // resource may keep what it knows of a stream until it goes; a row that
+      // takes the device's free memory leaves none for streams made after it).
+      std::vector<stream> streams;
+      try {
+        for (std::size_t i = 0; i < threads; ++i) streams.emplace_back(ctx.device, stream::flags::non_blocking);
+      } catch (const cuda_error& e) {
+        cell no_streams;
+        no_streams.status = cell_status::failed;
+        no_streams.message = e.what();
+        out.push_back(std::move(no_streams));
+        continue;
+      }
       out.push_back(run_cell(s, ctx, [&](memory_resource& mr, stream&) {
         if (!mr.properties().thread_safe) {
           return skipped_cell("not thread-safe (properties().thread_safe is false)");
         }
-        std::vector<stream> streams;
-        for (std::size_t i = 0; i < threads; ++i) {
-          streams.emplace_back(ctx.device, stream::flags::non_blocking);
-        }
-        // Drained (also on error) before the streams and then the resource go.
+        // Drained (also on error) before the resource goes.
         struct drain_on_exit {
           std::vector<stream>& streams;
           ~drain_on_exit() {

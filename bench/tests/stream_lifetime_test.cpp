@@ -1,6 +1,6 @@
-// W5 (the replay of recorded logs): the streams a log's replays run on outlive
-// the row's resource (Note [The replay's streams outlive the resource] in
-// workloads/w5_replay.cpp).
+// The streams a workload hands a row's resource are made before it and
+// destroyed after it: W5's replays of a log (Note [The replay's streams outlive
+// the resource] in workloads/w5_replay.cpp) and W3's threads.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -62,11 +62,19 @@ class stream_keeping_resource final : public memory_resource {
   std::set<CUstream> seen_;
 };
 
-TEST(BenchReplay, TheLogsStreamsOutliveTheRowsResource) {
-  const subject keeper{"stream keeper", subject_kind::peer,
-                       [](int device) -> std::shared_ptr<memory_resource> {
-                         return std::make_shared<stream_keeping_resource>(device);
-                       }};
+const subject keeper{"stream keeper", subject_kind::peer,
+                     [](int device) -> std::shared_ptr<memory_resource> {
+                       return std::make_shared<stream_keeping_resource>(device);
+                     }};
+
+void reset_counts() {
+  resources_destroyed = 0;
+  streams_gone_before_the_resource = 0;
+  streams_seen = 0;
+}
+
+TEST(BenchStreams, TheLogsStreamsOutliveTheRowsResource) {
+  reset_counts();
   options opts;
   opts.quick = true;
   opts.reps = 1;
@@ -79,6 +87,21 @@ TEST(BenchReplay, TheLogsStreamsOutliveTheRowsResource) {
   for (const cell& c : cells) EXPECT_EQ(c.status, cell_status::ok) << c.message;
   EXPECT_EQ(resources_destroyed.load(), 2) << "one resource for time and memory, one for the out-of-memory replay";
   EXPECT_GT(streams_seen.load(), 0) << "the log's streams reached the resource";
+  EXPECT_EQ(streams_gone_before_the_resource.load(), 0);
+}
+
+TEST(BenchStreams, TheThreadsStreamsOutliveTheRowsResource) {
+  reset_counts();
+  options opts;
+  opts.quick = true;
+  opts.reps = 1;
+  opts.rep_seconds = 0.001;
+  const context ctx{opts, 0};
+  const std::vector<cell> cells = w3_threads().measure(keeper, ctx);
+  ASSERT_FALSE(cells.empty());
+  for (const cell& c : cells) EXPECT_EQ(c.status, cell_status::ok) << c.message;
+  EXPECT_EQ(resources_destroyed.load(), 3) << "a resource for each thread count: 1, 4 and 16";
+  EXPECT_EQ(streams_seen.load(), 1 + 4 + 16) << "each thread's own stream";
   EXPECT_EQ(streams_gone_before_the_resource.load(), 0);
 }
 
