@@ -67,42 +67,45 @@ const subject keeper{"stream keeper", subject_kind::peer,
                        return std::make_shared<stream_keeping_resource>(device);
                      }};
 
-void reset_counts() {
+// A short run, with the counts from zero.
+options short_run() {
   resources_destroyed = 0;
   streams_gone_before_the_resource = 0;
   streams_seen = 0;
-}
-
-TEST(BenchStreams, TheLogsStreamsOutliveTheRowsResource) {
-  reset_counts();
   options opts;
   opts.quick = true;
   opts.reps = 1;
+  opts.rep_seconds = 0.001;
   opts.cell_budget_seconds = 1;
+  return opts;
+}
+
+// Every cell measured, and no stream gone before the resource that was handed it.
+void expect_measured_with_every_stream_alive(const std::vector<cell>& cells) {
+  for (const cell& c : cells) EXPECT_EQ(c.status, cell_status::ok) << c.message;
+  EXPECT_EQ(streams_gone_before_the_resource.load(), 0);
+}
+
+TEST(BenchStreams, TheLogsStreamsOutliveTheRowsResource) {
+  options opts = short_run();
   // Two threads, each on a stream of its own (not the default stream).
   opts.traces = {std::string(GPUMEM_BENCH_TRACE_DIR) + "/example-training.csv"};
   const context ctx{opts, 0};
   const std::vector<cell> cells = w5_replay().measure(keeper, ctx);
   ASSERT_EQ(cells.size(), 3u);  // time, memory, out-of-memory for the one log
-  for (const cell& c : cells) EXPECT_EQ(c.status, cell_status::ok) << c.message;
+  expect_measured_with_every_stream_alive(cells);
   EXPECT_EQ(resources_destroyed.load(), 2) << "one resource for time and memory, one for the out-of-memory replay";
   EXPECT_GT(streams_seen.load(), 0) << "the log's streams reached the resource";
-  EXPECT_EQ(streams_gone_before_the_resource.load(), 0);
 }
 
 TEST(BenchStreams, TheThreadsStreamsOutliveTheRowsResource) {
-  reset_counts();
-  options opts;
-  opts.quick = true;
-  opts.reps = 1;
-  opts.rep_seconds = 0.001;
+  const options opts = short_run();
   const context ctx{opts, 0};
   const std::vector<cell> cells = w3_threads().measure(keeper, ctx);
   ASSERT_FALSE(cells.empty());
-  for (const cell& c : cells) EXPECT_EQ(c.status, cell_status::ok) << c.message;
+  expect_measured_with_every_stream_alive(cells);
   EXPECT_EQ(resources_destroyed.load(), 3) << "a resource for each thread count: 1, 4 and 16";
   EXPECT_EQ(streams_seen.load(), 1 + 4 + 16) << "each thread's own stream";
-  EXPECT_EQ(streams_gone_before_the_resource.load(), 0);
 }
 
 }  // namespace
