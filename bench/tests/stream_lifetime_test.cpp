@@ -1,6 +1,6 @@
-// The streams a workload hands a row's resource are made before it and
-// destroyed after it: W5's replays of a log (Note [The replay's streams outlive
-// the resource] in workloads/w5_replay.cpp) and W3's threads.
+// The streams a workload hands a row's resource are destroyed after it: W5's
+// replays of a log (Note [The replay's streams outlive the resource] in
+// workloads/w5_replay.cpp) and W3's threads (also made before it).
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -380,8 +380,9 @@ class replay_workload final : public workload {
   // as a program's streams usually outlive its allocator. PyTorch's allocator
   // with expandable segments (2.11, one segment per stream) ended gpumem-bench
   // with a segmentation fault on exactly the logs that use streams of their own,
-  // when the replay's streams were destroyed before it was. So the streams of a
-  // log's replays are made before the row's resource and destroyed after it.
+  // when the replay's streams were destroyed before it was. So the set that holds
+  // a log's replay streams (made by the first replay that needs each) lives
+  // longer than the row's resource: the streams are destroyed after it.
 
   // Time and memory from one fresh resource: a measuring replay (the warm-up),
   // then the timed ones.
@@ -389,8 +390,8 @@ class replay_workload final : public workload {
     // Before the resource exists: what a pool takes at construction counts as reserved.
     const std::size_t baseline_free = device_memory_info(ctx.device).free_bytes;
     // One set of streams for every replay on this resource, as a program's steps
-    // reuse theirs; made before the resource and destroyed after it (Note [The
-    // replay's streams outlive the resource]).
+    // reuse theirs, destroyed after the resource (Note [The replay's streams
+    // outlive the resource]).
     tools::replay_stream_set streams;
     return run_cells(s, ctx, 2, [&](memory_resource& mr, stream&) -> std::vector<cell> {
       if (mr.properties().device != ctx.device) {
