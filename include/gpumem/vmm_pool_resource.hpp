@@ -71,7 +71,7 @@ struct vmm_pool_options {
   // settled free pages serve other streams before the device is asked for new
   // ones (Note [Pages, frugal first]). Shorter gives memory back to busy streams
   // sooner; longer spares threads that pause between bursts from losing their
-  // pages and taking them back, a move each way (docs/benchmarks-history.md, W3).
+  // pages and taking them back, a move each way (docs/benchmarks-history-2026-11-25.md, W3).
   // 1 to 3,600,000 (others: logic_error).
   unsigned idle_stream_ms = 200;
   // As pool_options: quick cache, periodic fences, capture refusal and watch.

@@ -26,8 +26,8 @@ namespace vm = detail::vmm;
 //     for the growth mutex is not idle; the streams of one thread count as one,
 //     Note [Streams that take turns]): each stream holds its own peak, so one
 //     that peaks while another does not is not left to move its own free pages
-//     under its blocks at every step (docs/benchmarks-history.md, W3 and the
-//     default pool);
+//     under its blocks at every step (docs/benchmarks-history-2026-11-25.md, W3
+//     and the default pool);
 //  1. the arena's own free pages (whole pages inside its free blocks that hold
 //     their handle; the most recently freed first): its stream orders their reuse;
 //  2. idle streams' settled free pages (a stream that has freed nothing for
@@ -64,7 +64,7 @@ namespace vm = detail::vmm;
 //  - a stream is idle only after idle_stream_ms without a free: threads that
 //    pause between bursts (a barrier, a host-side step) keep their pages for
 //    their next burst rather than losing them to the others and taking them
-//    back, two moves a page (docs/benchmarks-history.md, W3 and the idle time);
+//    back, two moves a page (docs/benchmarks-history-2026-11-25.md, W3 and the idle time);
 //  - loops whose steps vary (other sizes, other orders) still move some pages
 //    at every step (docs/vmm.md, "Where the pool is slow").
 //
