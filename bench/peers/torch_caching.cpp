@@ -90,7 +90,11 @@ class torch_allocator final : public plugin::allocator {
   // with a segmentation fault when threads allocated on their own streams at
   // once (H200, 2026-11-26; the row without expandable segments ran): the
   // expandable row is left out of the workloads that allocate from several
-  // threads, rather than taking gpumem-bench down with it.
+  // threads, rather than taking gpumem-bench down with it. W3 then destroyed its
+  // threads' streams before the row's resource, which is what crashed this row
+  // in W5 (Note [The replay's streams outlive the resource], w5_replay.cpp); W3
+  // no longer does, so the cause may be gone. The mark stays until a GPU run
+  // shows the row through W3.
   bool thread_safe() const noexcept override { return !expandable_; }
 
  private:
