@@ -21,13 +21,6 @@ double seconds_of(const std::function<void(std::uint64_t)>& body, std::uint64_t 
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-cell failed_cell(cell_status status, std::string message) {
-  cell c;
-  c.status = status;
-  c.message = std::move(message);
-  return c;
-}
-
 }  // namespace
 
 double cell::median() const {
@@ -118,6 +111,13 @@ void warm_up(const subject& s, const context& ctx, double seconds) {
     st.synchronize();
   } catch (const std::exception&) {  // the row itself says what fails
   }
+}
+
+cell failed_cell(cell_status status, std::string message) {
+  cell c;
+  c.status = status;
+  c.message = std::move(message);
+  return c;
 }
 
 cell run_cell(const subject& s, const context& ctx,

@@ -47,6 +47,9 @@ cell run_cell(const subject& s, const context& ctx,
 std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t columns,
                             const std::function<std::vector<cell>(memory_resource&, stream&)>& fn);
 
+// A cell that did not measure, saying why (its status: failed, error or skipped).
+cell failed_cell(cell_status status, std::string message);
+
 // A cell for a subject the workload does not apply to, saying why.
 cell skipped_cell(std::string why);
 

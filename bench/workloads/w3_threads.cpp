@@ -230,10 +230,7 @@ class threads_workload final : public workload {
       try {
         for (std::size_t i = 0; i < threads; ++i) streams.emplace_back(ctx.device, stream::flags::non_blocking);
       } catch (const cuda_error& e) {
-        cell no_streams;
-        no_streams.status = cell_status::failed;
-        no_streams.message = e.what();
-        out.push_back(std::move(no_streams));
+        out.push_back(failed_cell(cell_status::failed, e.what()));
         continue;
       }
       out.push_back(run_cell(s, ctx, [&](memory_resource& mr, stream&) {
