@@ -77,22 +77,24 @@ struct chunk {
   // one entry per page of the chunk, guarded by the owner arena's lock:
   //   pages  the physical handle mapped there (0: none);
   //   ready  bit set where that handle's primary place is here (a block may use it);
-  //   uses   how many blocks that are not free (live, pending) touch it, and
-  //          more (page_uses); in a segment of slots, where a page is a slot's
-  //          alone, kept per slot instead (slot_at), so that taking and freeing
-  //          a slot touches no per-page record (W1's large column). Read it
+  //   busy   bit set where a block that is not free (live, quick-cached,
+  //          pending) touches the page: where no single free block covers it
+  //          whole (Note [Busy pages are the ones no free block covers],
+  //          stream_ordered_pool.cpp); with `uses`, what the page's blocks
+  //          did. In a segment of slots, where a page is a slot's alone,
+  //          kept per slot instead (slot_at), so that taking and freeing a
+  //          slot touches no per-page record (W1's large column). Read it
   //          with page_busy(i).
   std::vector<std::uint64_t> pages;
   std::vector<page_home*> home_at;  // the record of the handle in `pages` (null: none)
   std::vector<std::uint64_t> ready;
-  // What a page's blocks do, in one record so that a block taken or freed
-  // touches one cache line per page (W2).
+  std::vector<std::uint64_t> busy;  // not kept in segments of slots
+  // What changes when a page's busy bit does.
   struct page_uses {
-    // A page_wait's word: changes when busy rises from 0 or falls back to 0
-    // while a wait reads it (waited_on set), so that the wait ends.
+    // A page_wait's word: changes when the page becomes busy or free while a
+    // wait reads it (waited_on set), so that the wait ends.
     std::uint64_t busy_mark = 0;
-    std::uint64_t freed_at = 0;  // the owner's free count when busy last fell to 0
-    std::uint32_t busy = 0;      // blocks that are not free (live, pending) over the page
+    std::uint64_t freed_at = 0;  // the owner's free count when the page last became free
   };
   std::vector<page_uses> uses;   // not kept in segments of slots
   std::vector<block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
@@ -109,7 +111,7 @@ struct chunk {
       const block* s = slot_at[i];
       return s != nullptr && !s->cached;
     }
-    return uses[i].busy != 0;
+    return (busy[i >> 6] >> (i & 63)) & 1U;
   }
   // Whether every page in [from, to] is ready: a word of the bitmap at a time
   // (every allocation asks; most ranges lie within one word).
@@ -153,6 +155,10 @@ struct chunk {
   void set_ready(std::size_t i, bool on) noexcept {
     if (on) ready[i >> 6] |= std::uint64_t{1} << (i & 63);
     else ready[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+  }
+  void set_busy(std::size_t i, bool on) noexcept {
+    if (on) busy[i >> 6] |= std::uint64_t{1} << (i & 63);
+    else busy[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
   }
 
  private:

@@ -103,9 +103,9 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
             return why.str();
           }
         }
-        if ((busy[q] != 0) != c->page_busy(q) || (!c->for_slots && busy[q] != c->uses[q].busy)) {
+        if ((busy[q] != 0) != c->page_busy(q)) {
           why << "page " << q << " of the segment at " << c->base << " is touched by " << busy[q]
-              << " blocks that are not free, its record says " << (c->for_slots ? int(c->page_busy(q)) : int(c->uses[q].busy));
+              << " blocks that are not free, its record says " << (c->page_busy(q) ? "busy" : "free");
           return why.str();
         }
         // A pending slot may have given its pages to the stream that freed it.

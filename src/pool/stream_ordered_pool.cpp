@@ -152,6 +152,7 @@ block* stream_ordered_pool::split_off_front(arena& a, block* b, std::size_t byte
 // removal and an insertion (W2).
 block* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::size_t requested,
                                   std::size_t alignment) {
+  const std::uintptr_t from = b->address, to = b->address + b->size;  // the free block's range
   const std::uintptr_t aligned = (b->address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
   if (aligned != b->address) {
     // Leave the misaligned front as a free block of its own.
@@ -173,15 +174,21 @@ block* stream_ordered_pool::carve(arena& a, block* b, std::size_t size, std::siz
   out->requested_bytes = requested;
   a.live.insert(out->address, out);
   a.used_bytes += out->size;
-  if (page_shift != 0) add_busy(out, 1);
+  if (page_shift != 0) pages_taken(out, from, to);
   return out;
+}
+
+void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
+  const std::uintptr_t lo = b->address, hi = b->address + b->size;
+  block* const merged = coalesce(a, b, epoch);
+  if (page_shift != 0) pages_freed(a, lo, hi, merged);
 }
 
 // Marks `b` free and coalesces it with free neighbours (the same chunk's, so the
 // same arena's). The lower free neighbour, or else the upper one, absorbs it and
 // keeps its record and mostly its place in the index (see carve). Paged pools:
 // free blocks merge whatever their pages' state (Note [Pages under the blocks]).
-void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
+block* stream_ordered_pool::coalesce(arena& a, block* b, std::uint64_t epoch) {
   b->free = true;
   b->free_epoch = epoch;
   block* const prev = b->prev_in_chunk;
@@ -203,7 +210,7 @@ void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
     prev->free_epoch = e;
     a.free.resize(prev, merged);
     a.slab.recycle(b);
-    return;
+    return prev;
   }
   if (next_free) {
     next->address = b->address;
@@ -213,9 +220,64 @@ void stream_ordered_pool::free_into(arena& a, block* b, std::uint64_t epoch) {
     next->free_epoch = std::max(next->free_epoch, b->free_epoch);
     a.free.resize(next, next->size + b->size);
     a.slab.recycle(b);
-    return;
+    return next;
   }
   a.free.insert(b);
+  return b;
+}
+
+// Note [Busy pages are the ones no free block covers]
+// A paged pool may move a page's memory only while no block that is not free
+// (live, quick-cached, pending) touches the page (Note [Pages under the
+// blocks]). Free blocks always merge with free neighbours (coalesce), so such a
+// page is exactly one that lies wholly inside one free block. A page's state
+// then changes only where a carve takes from a free block that covered it whole
+// (it becomes busy) or where a free makes a block that covers it whole (it
+// becomes free): among the pages that the block taken or freed touches, those
+// wholly inside the free block before the carve or after the merge. Every other
+// page it touches keeps its state: another block that is not free still touches
+// it, or it lies inside a free block before and after. So the carves and frees
+// that change no page's state, most of those of blocks under a page on pages
+// that other blocks share, compare two page numbers and read no per-page
+// record, where a count of the blocks on each page would be read and written
+// on every one (docs/benchmarks.md, "Measured in rounds"). Paged segments are
+// reserved page-aligned, so page numbers follow from addresses alone (add_chunk
+// checks). pool_inspector recomputes the busy pages from the blocks.
+namespace {
+struct page_numbers {
+  std::uintptr_t first = 0;  // address >> page_shift
+  std::uintptr_t end = 0;
+};
+// The pages that [lo, hi) touches and that lie wholly inside [from, to), which holds it.
+page_numbers pages_within(std::uintptr_t lo, std::uintptr_t hi, std::uintptr_t from, std::uintptr_t to,
+                          unsigned shift) noexcept {
+  const std::uintptr_t below_page = (std::uintptr_t{1} << shift) - 1;
+  return {std::max(lo >> shift, (from + below_page) >> shift), std::min(((hi - 1) >> shift) + 1, to >> shift)};
+}
+}  // namespace
+
+void stream_ordered_pool::pages_taken(const block* out, std::uintptr_t from, std::uintptr_t to) noexcept {
+  const page_numbers n = pages_within(out->address, out->address + out->size, from, to, page_shift);
+  if (n.first >= n.end) return;
+  chunk& c = *out->owner;
+  const std::uintptr_t base = c.base >> page_shift;
+  for (std::uintptr_t k = n.first; k < n.end; ++k) {
+    c.set_busy(k - base, true);
+    change_busy_mark(c, c.uses[k - base]);
+  }
+}
+
+void stream_ordered_pool::pages_freed(const arena& a, std::uintptr_t lo, std::uintptr_t hi,
+                                      const block* merged) noexcept {
+  const page_numbers n = pages_within(lo, hi, merged->address, merged->address + merged->size, page_shift);
+  if (n.first >= n.end) return;
+  chunk& c = *merged->owner;
+  const std::uintptr_t base = c.base >> page_shift;
+  for (std::uintptr_t k = n.first; k < n.end; ++k) {
+    c.set_busy(k - base, false);
+    c.uses[k - base].freed_at = a.frees;
+    change_busy_mark(c, c.uses[k - base]);
+  }
 }
 
 // Note [Quick-cached blocks keep their pages]
@@ -231,7 +293,6 @@ void stream_ordered_pool::flush_quick(arena& a) {
   a.quick.drain([&](block* b) {
     a.live.erase(b->address);
     b->cached = false;
-    if (page_shift != 0) add_busy(b, -1);
     free_into(a, b, b->free_epoch);
   });
 }
@@ -283,9 +344,11 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
     c->pages.assign(n, 0);
     c->home_at.assign(n, nullptr);
     c->ready.assign((n + 63) / 64, 0);
+    if (base % page_bytes != 0) throw logic_error(where("add_chunk") + ": a paged segment must start on a page");
     if (for_slots) {
       c->slot_at.assign(n, nullptr);
     } else {
+      c->busy.assign((n + 63) / 64, 0);
       c->uses.assign(n, {});
     }
   }
@@ -360,7 +423,6 @@ void* stream_ordered_pool::finish_unready(arena& a, block* b, bool growing) {
   std::lock_guard lock(a.lock);
   a.live.erase(b->address);
   a.used_bytes -= b->size;
-  add_busy(b, -1);
   free_into(a, b, b->free_epoch);
   return nullptr;
 }
@@ -432,7 +494,6 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
 
 void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch) {
   b->pending = false;
-  if (page_shift != 0) add_busy(b, -1);
   if (b->slot) {
     b->free_epoch = epoch;
     a.live.insert(b->address, b);

@@ -171,13 +171,21 @@ class stream_ordered_pool {
   // ---- block operations; the arena's lock is held ----
   // Carves the request from the free block `b`; returns the live block.
   block* carve(arena& a, block* b, std::size_t size, std::size_t requested, std::size_t alignment);
-  // Paged pools: counts `b` in (delta 1) or out of (-1) its pages' busy counts.
-  void add_busy(const block* b, int delta) noexcept;
-  // A page's busy rose from 0 or fell back to 0 (chunk::page_uses::busy_mark).
+  // Paged pools: the pages of the block `out`, just carved from the free block
+  // [from, to), or of [lo, hi), just freed and merged into the free block
+  // `merged`, that became busy or free (Note [Busy pages are the ones no free
+  // block covers], stream_ordered_pool.cpp).
+  void pages_taken(const block* out, std::uintptr_t from, std::uintptr_t to) noexcept;
+  void pages_freed(const arena& a, std::uintptr_t lo, std::uintptr_t hi, const block* merged) noexcept;
+  // A page became busy or free (chunk::page_uses::busy_mark).
   static void change_busy_mark(chunk& c, chunk::page_uses& u) noexcept;
   // Paged pools: whether every page `b` touches is ready.
   bool pages_ready(const block* b) const noexcept;
+  // Frees `b` into a's index, merged with its free neighbours; paged pools
+  // mark the pages that became free.
   void free_into(arena& a, block* b, std::uint64_t epoch);
+  // The merge alone; returns the free block that holds b's range now.
+  block* coalesce(arena& a, block* b, std::uint64_t epoch);
   // A free slot of the request's size that is ready, or ready after swaps
   // within `a` (a's lock held), handed out; or null.
   void* take_free_slot(arena& a, std::size_t bytes);
@@ -387,33 +395,6 @@ inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u)
   }
 }
 
-inline void stream_ordered_pool::add_busy(const block* b, int delta) noexcept {
-  // A slot's pages are its own (whole pages, never shared: Note [Slots for large
-  // requests]): whether they are busy is whether the slot is out of the slot
-  // cache (chunk::page_busy), nothing to count. freed_at orders the pages of free
-  // blocks (take_pages), which a segment of slots never holds.
-  if (b->slot) return;
-  chunk& c = *b->owner;
-  const std::uintptr_t offset = b->address - c.base;
-  const std::size_t first = offset >> page_shift;
-  const std::size_t last = (offset + b->size - 1) >> page_shift;
-  if (delta > 0) {
-    for (std::size_t i = first; i <= last; ++i) {
-      chunk::page_uses& u = c.uses[i];
-      if (u.busy++ == 0) change_busy_mark(c, u);
-    }
-    return;
-  }
-  const std::uint64_t now = c.owner->frees;
-  for (std::size_t i = first; i <= last; ++i) {
-    chunk::page_uses& u = c.uses[i];
-    if (--u.busy == 0) {
-      u.freed_at = now;
-      change_busy_mark(c, u);
-    }
-  }
-}
-
 inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
   const chunk& c = *b->owner;
   const std::size_t first = (b->address - c.base) >> page_shift;
@@ -454,7 +435,6 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
     // keeps its pages busy (Note [Quick-cached blocks keep their pages]).
     b->cached = true;
   } else {
-    if (page_shift != 0) add_busy(b, -1);  // free: its pages may move (paged pools)
     a.live.erase(address);
     free_into(a, b, b->free_epoch);
   }

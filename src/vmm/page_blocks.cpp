@@ -20,24 +20,25 @@ namespace vm = detail::vmm;
 // path. Physical memory comes in pages of `page` bytes, one handle each, mapped
 // at page-aligned addresses of segments. Per page the chunk records the handle
 // mapped there (`pages`, 0: none), whether that handle's primary place is there
-// (`ready`), and how many blocks that are not free touch it (`busy`: live,
-// quick-cached, pending; Note [Quick-cached blocks keep their pages]). A handle
+// (`ready`), and whether a block that is not free touches it (`busy`: live,
+// quick-cached, pending; Note [Quick-cached blocks keep their pages]; Note
+// [Busy pages are the ones no free block covers], stream_ordered_pool.cpp). A handle
 // has one primary place and may have aliases: older places where it is still
 // mapped (`homes`).
 //
 // Invariants:
-//  - a page that a block which is not free touches is ready (busy > 0 implies
+//  - a page that a block which is not free touches is ready (busy implies
 //    ready): what the program holds always has memory of its own;
 //  - free blocks merge whatever their pages hold, so where the next request
 //    lands depends on the sizes and the order of the requests and frees only,
 //    never on where memory happens to be mapped. A loop that asks for the same
 //    sizes in the same order gets the same addresses every step;
-//  - a page no block touches (busy 0) may hold its handle (ready: free memory
+//  - a page no block touches (not busy) may hold its handle (ready: free memory
 //    that can move), an alias of a handle that lives elsewhere, or nothing.
 //
 // A request whose block lands on pages that are not all ready goes to
 // make_ready() (off the hot path, the growth mutex held), page by page:
-//  1. an alias whose handle's primary place is a free page (busy 0) of the same
+//  1. an alias whose handle's primary place is a free page (not busy) of the same
 //     arena takes it back: primary and alias swap places, no driver call;
 //  2. any other alias is unmapped (its last use ended at the free of the range
 //     the block was carved from: that free must be settled, else the block goes

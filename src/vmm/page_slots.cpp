@@ -28,7 +28,7 @@ constexpr std::size_t max_free_slots_of_a_size = 64;
 // keeps their old places as aliases. A request whose lowest-addressed slot is
 // not ready looks, off the hot path, at every free slot of its size for the
 // lowest-addressed one whose every page is ready or an alias of a page that is
-// free now (busy 0) in this arena: it takes those back by swapping primary and
+// free now (not busy) in this arena: it takes those back by swapping primary and
 // alias (no driver call). Only when none is usable does it make a new slot:
 // addresses from the arena's slot segments (after every slot made so far),
 // pages frugal first (Note [Pages, frugal first]), mapped there; their old

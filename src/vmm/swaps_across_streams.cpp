@@ -83,7 +83,7 @@ vmm_pool_resource::impl::order_across vmm_pool_resource::impl::order_of(const ar
     if (!y->cached) return order_across::none;
     freed = y->free_epoch;
   } else {
-    if (there.c->uses[there.index].busy != 0) return order_across::none;
+    if (there.c->page_busy(there.index)) return order_across::none;
     freed = there.c->uses[there.index].freed_at;
   }
   if (freed <= s.settled_frees || freed <= a.waited_for(&s)) return order_across::ordered;
