@@ -80,7 +80,7 @@ struct chunk {
   //   busy   bit set where a block that is not free (live, quick-cached,
   //          pending) touches the page: where no single free block covers it
   //          whole (Note [Busy pages are the ones no free block covers],
-  //          stream_ordered_pool.cpp); with `uses`, what the page's blocks
+  //          block_operations.cpp); with `uses`, what the page's blocks
   //          did. In a segment of slots, where a page is a slot's alone,
   //          kept per slot instead (slot_at), so that taking and freeing a
   //          slot touches no per-page record (W1's large column). Read it

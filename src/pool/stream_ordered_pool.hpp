@@ -174,7 +174,7 @@ class stream_ordered_pool {
   // Paged pools: the pages of the block `out`, just carved from the free block
   // [from, to), or of [lo, hi), just freed and merged into the free block
   // `merged`, that became busy or free (Note [Busy pages are the ones no free
-  // block covers], stream_ordered_pool.cpp).
+  // block covers], block_operations.cpp).
   void pages_taken(const block* out, std::uintptr_t from, std::uintptr_t to) noexcept;
   void pages_freed(const arena& a, std::uintptr_t lo, std::uintptr_t hi, const block* merged) noexcept;
   // A page became busy or free (chunk::page_uses::busy_mark).

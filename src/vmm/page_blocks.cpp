@@ -22,7 +22,7 @@ namespace vm = detail::vmm;
 // mapped there (`pages`, 0: none), whether that handle's primary place is there
 // (`ready`), and whether a block that is not free touches it (`busy`: live,
 // quick-cached, pending; Note [Quick-cached blocks keep their pages]; Note
-// [Busy pages are the ones no free block covers], stream_ordered_pool.cpp). A handle
+// [Busy pages are the ones no free block covers], block_operations.cpp). A handle
 // has one primary place and may have aliases: older places where it is still
 // mapped (`homes`).
 //
