@@ -1,6 +1,6 @@
-"""The Python user guide's examples run as written: every ```python block of docs/python.md
-and docs/python-frameworks.md, each in its own interpreter, in a scratch folder (they write
-log files), on this test run's backend.
+"""The Python user guide's examples run as written: every ```python block of docs/python.md,
+docs/python-frameworks.md and docs/python-observability.md, each in its own interpreter,
+in a scratch folder (they write log files), on this test run's backend.
 
 A block that needs something optional says so on its first line:
 
@@ -20,7 +20,7 @@ import pytest
 from conftest import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GUIDES = ("python.md", "python-frameworks.md")
+GUIDES = ("python.md", "python-frameworks.md", "python-observability.md")
 FENCES = ("python", "bash", "text", "cpp")  # the kinds of block the guides may hold
 
 # A need -> the modules a child process must import for it.
@@ -93,7 +93,8 @@ def missing_need(need):
 
 def test_the_guides_have_examples():
     per_guide = {name: sum(1 for b in EXAMPLES if b[0] == name) for name in GUIDES}
-    assert per_guide["python.md"] >= 18, per_guide
+    assert per_guide["python.md"] >= 13, per_guide
+    assert per_guide["python-observability.md"] >= 5, per_guide
     assert per_guide["python-frameworks.md"] >= 11, per_guide
     # Some examples of each guide run everywhere, the simulator included.
     for name in GUIDES:
