@@ -18,20 +18,12 @@ namespace gpumem::detail {
 
 namespace pool_tls {
 thread_local arena_cache last_arena __attribute__((tls_model("initial-exec")));
+thread_local char per_thread_stream_tag __attribute__((tls_model("initial-exec")));
 }  // namespace pool_tls
 
 namespace {
 std::atomic<std::uint64_t> next_pool_id{1};
-thread_local char per_thread_stream_tag __attribute__((tls_model("initial-exec")));
 }  // namespace
-
-// Arena key: the stream handle, with the two default streams made explicit.
-// The per-thread default stream is a different stream on every thread.
-std::uintptr_t stream_ordered_pool::key_of(CUstream s) noexcept {
-  if (s == nullptr || s == CU_STREAM_LEGACY) return reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY);
-  if (s == CU_STREAM_PER_THREAD) return reinterpret_cast<std::uintptr_t>(&per_thread_stream_tag) | 3U;
-  return reinterpret_cast<std::uintptr_t>(s);
-}
 
 stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_pool_settings s)
     : name(resource), device(dev), settings(s), id(next_pool_id.fetch_add(1)) {

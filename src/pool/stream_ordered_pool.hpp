@@ -313,7 +313,18 @@ struct arena_cache {
 };
 // initial-exec: a plain TLS load, not a __tls_get_addr call, on the hot path.
 extern thread_local arena_cache last_arena __attribute__((tls_model("initial-exec")));
+// A byte per thread whose address names the thread's per-thread default stream (key_of).
+extern thread_local char per_thread_stream_tag __attribute__((tls_model("initial-exec")));
 }  // namespace pool_tls
+
+// Arena key: the stream handle, with the two default streams made explicit.
+// The per-thread default stream is a different stream on every thread. Inline:
+// every call of the hot path computes it.
+inline std::uintptr_t stream_ordered_pool::key_of(CUstream s) noexcept {
+  if (s == nullptr || s == CU_STREAM_LEGACY) return reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY);
+  if (s == CU_STREAM_PER_THREAD) return reinterpret_cast<std::uintptr_t>(&pool_tls::per_thread_stream_tag) | 3U;
+  return reinterpret_cast<std::uintptr_t>(s);
+}
 
 inline arena& stream_ordered_pool::arena_for(stream_view s, const char* call) {
   const std::uintptr_t key = key_of(s.handle());
