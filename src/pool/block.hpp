@@ -80,8 +80,8 @@ struct chunk {
   //   busy   bit set where a block that is not free (live, quick-cached,
   //          pending) touches the page: where no single free block covers it
   //          whole (Note [Busy pages are the ones no free block covers],
-  //          block_operations.cpp); with `uses`, what the page's blocks
-  //          did. In a segment of slots, where a page is a slot's alone,
+  //          block_operations.cpp); `uses` records when it last changed.
+  //          In a segment of slots, where a page is a slot's alone,
   //          kept per slot instead (slot_at), so that taking and freeing a
   //          slot touches no per-page record (W1's large column). Read it
   //          with page_busy(i).

@@ -14,10 +14,10 @@
 // them without a look, for as long as none of their waits can have ended.
 // A wait ends only when its word changes (block::wait_seen): the busy mark of
 // a page in use falls back, or a live slot is freed. The wait's recorder marks
-// the word (waited_on); the change that clears the mark (a page's busy bit set or cleared, cache_slot)
-// calls wake(), and a row that has seen a wake since it counted forgets its
-// count. The words are the arena's own (usable() records none of another
-// arena's), so a wake is under the same lock as the rows. Skipping never
+// the word (waited_on); the change that clears the mark (a page's busy bit set
+// or cleared, cache_slot) calls wake(), and a row that has seen a wake since it
+// counted forgets its count. The words are the arena's own (usable() records
+// none of another arena's), so a wake is under the same lock as the rows. Skipping never
 // changes the choice: a slot skipped is one that waiting() would pass.
 //
 // A slot records one wait, not one per page that cannot be used: the first
