@@ -103,7 +103,7 @@ struct chunk {
   static constexpr std::uint64_t never_changes = 1;
   bool for_slots = false;                // a segment of slots and vacant addresses
 
-  bool is_ready(std::size_t i) const noexcept { return (ready[i >> 6] >> (i & 63)) & 1U; }
+  bool is_ready(std::size_t i) const noexcept { return bit(ready, i); }
   // Whether a block that is not free (live, pending) touches page i. A slot is
   // such a block unless it waits in the slot cache.
   bool page_busy(std::size_t i) const noexcept {
@@ -111,7 +111,7 @@ struct chunk {
       const block* s = slot_at[i];
       return s != nullptr && !s->cached;
     }
-    return (busy[i >> 6] >> (i & 63)) & 1U;
+    return bit(busy, i);
   }
   // Whether every page in [from, to] is ready: a word of the bitmap at a time
   // (every allocation asks; most ranges lie within one word).
@@ -152,16 +152,18 @@ struct chunk {
     }
     return true;
   }
-  void set_ready(std::size_t i, bool on) noexcept {
-    if (on) ready[i >> 6] |= std::uint64_t{1} << (i & 63);
-    else ready[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
-  }
-  void set_busy(std::size_t i, bool on) noexcept {
-    if (on) busy[i >> 6] |= std::uint64_t{1} << (i & 63);
-    else busy[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
-  }
+  void set_ready(std::size_t i, bool on) noexcept { set_bit(ready, i, on); }
+  void set_busy(std::size_t i, bool on) noexcept { set_bit(busy, i, on); }
 
  private:
+  // Page i's bit in a bitmap of 64-bit words (ready, busy).
+  static bool bit(const std::vector<std::uint64_t>& words, std::size_t i) noexcept {
+    return (words[i >> 6] >> (i & 63)) & 1U;
+  }
+  static void set_bit(std::vector<std::uint64_t>& words, std::size_t i, bool on) noexcept {
+    if (on) words[i >> 6] |= std::uint64_t{1} << (i & 63);
+    else words[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+  }
   // The n low bits set (1 <= n <= 64).
   static std::uint64_t run_mask(std::size_t n) noexcept {
     return n == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1;

@@ -30,13 +30,16 @@ class VmmPoolPages : public ::testing::Test {
     o.slot_min_bytes = SIZE_MAX;
     return o;
   }
+  // The inspector finds no page whose state disagrees with the blocks.
+  static void check(vmm_pool_resource& pool, const char* step) {
+    EXPECT_EQ(detail::pool_inspector::violations(pool), "") << step;
+  }
 };
 
 TEST_F(VmmPoolPages, APageIsFreeOnceOneFreeBlockCoversItWhole) {
   vmm_pool_resource pool(0, blocks_only());
   const std::size_t g = pool.page_bytes();
   stream s(0);
-  auto check = [&](const char* step) { EXPECT_EQ(detail::pool_inspector::violations(pool), "") << step; };
   // a [0, g/2), b [g/2, 3g/2), c [3g/2, 2g): two pages, each shared by two blocks.
   void* a = pool.allocate(g / 2, s);
   void* b = pool.allocate(g, s);
@@ -44,47 +47,46 @@ TEST_F(VmmPoolPages, APageIsFreeOnceOneFreeBlockCoversItWhole) {
   ASSERT_EQ(at(a) % g, 0U) << "a fresh segment starts on a page";
   ASSERT_EQ(at(b), at(a) + g / 2);
   ASSERT_EQ(at(c), at(b) + g);
-  check("three blocks over two pages");
+  check(pool, "three blocks over two pages");
   EXPECT_EQ(pool.statistics().pages, 2U);
 
   pool.deallocate(b, g, s);
-  check("the middle block freed");
+  check(pool, "the middle block freed");
   EXPECT_EQ(pool.release(), 0U) << "both pages are still touched by a live block";
-  check("after a release that gave nothing back");
+  check(pool, "after a release that gave nothing back");
 
   pool.deallocate(a, g / 2, s);
-  check("the first block freed: merged over the first page");
+  check(pool, "the first block freed: merged over the first page");
   EXPECT_EQ(pool.release(), g) << "the first page alone is free";
   EXPECT_EQ(pool.statistics().pages, 1U);
 
   pool.deallocate(c, g / 2, s);
-  check("the last block freed: one free block over both pages");
+  check(pool, "the last block freed: one free block over both pages");
   EXPECT_EQ(pool.release(), g);
   EXPECT_EQ(pool.statistics().pages, 0U);
-  check("everything given back");
+  check(pool, "everything given back");
 }
 
 TEST_F(VmmPoolPages, ACarveMakesBusyOnlyThePagesItTakesFromAWholeFreeCover) {
   vmm_pool_resource pool(0, blocks_only());
   const std::size_t g = pool.page_bytes();
   stream s(0);
-  auto check = [&](const char* step) { EXPECT_EQ(detail::pool_inspector::violations(pool), "") << step; };
   void* d = pool.allocate(g / 4, s);
   ASSERT_EQ(at(d) % g, 0U);
   // Aligned to the next page: the front [g/4, g) stays free, and only the
   // second page becomes busy.
   void* e = pool.allocate(g / 4, s, g);
   ASSERT_EQ(at(e), at(d) + g);
-  check("a page-aligned block after a misaligned front");
+  check(pool, "a page-aligned block after a misaligned front");
   // A block that spans the front and nothing else keeps the first page busy.
   void* f = pool.allocate(g / 2, s);
   ASSERT_EQ(at(f), at(d) + g / 4);
-  check("the front carved");
+  check(pool, "the front carved");
   for (void* p : {d, f}) pool.deallocate(p, p == d ? g / 4 : g / 2, s);
-  check("the first page's blocks freed");
+  check(pool, "the first page's blocks freed");
   EXPECT_EQ(pool.release(), g) << "the first page is free, the second is e's";
   pool.deallocate(e, g / 4, s);
-  check("all freed");
+  check(pool, "all freed");
   EXPECT_EQ(pool.release(), g);
 }
 
