@@ -17,8 +17,9 @@
 // the word (waited_on); the change that clears the mark (a page's busy bit set
 // or cleared, cache_slot) calls wake(), and a row that has seen a wake since it
 // counted forgets its count. The words are the arena's own (usable() records
-// none of another arena's), so a wake is under the same lock as the rows. Skipping never
-// changes the choice: a slot skipped is one that waiting() would pass.
+// none of another arena's), so a wake is under the same lock as the rows.
+// Skipping never changes the choice: a slot skipped is one that waiting()
+// would pass.
 //
 // A slot records one wait, not one per page that cannot be used: the first
 // it found, which is enough to know that the slot cannot be used while it
