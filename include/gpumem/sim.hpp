@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "gpumem/export.hpp"
 
@@ -39,5 +40,11 @@ GPUMEM_EXPORT void set_peer_access(bool enabled);
 GPUMEM_EXPORT std::size_t used_bytes(int device);
 // Number of device allocations live on a device.
 GPUMEM_EXPORT std::size_t live_allocations(int device);
+
+// How many times gpumem has called the driver entry point `entry_point` (as
+// cuda.h names it without a version suffix, e.g. "cuStreamWaitEvent") since the
+// simulator started, from every thread: tests assert with it which driver calls
+// a path makes. A name that is not one of gpumem's entry points throws logic_error.
+GPUMEM_EXPORT std::uint64_t driver_calls(std::string_view entry_point);
 
 }  // namespace gpumem::sim

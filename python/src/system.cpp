@@ -95,6 +95,9 @@ void bind_system(nb::module_& m) {
           "Bytes of the device's simulated memory in use, as the driver counts them.");
   sim.def("live_allocations", &sim::live_allocations, nb::arg("device"),
           "Device allocations of the simulated device not yet freed, as the driver counts them.");
+  sim.def("driver_calls", &sim::driver_calls, nb::arg("entry_point"),
+          "Calls gpumem has made through the driver entry point (as cuda.h names it, e.g. "
+          "'cuStreamWaitEvent'), from every thread, since the simulator started.");
 }
 
 }  // namespace gpumem::python

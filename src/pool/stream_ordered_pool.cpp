@@ -152,8 +152,7 @@ void stream_ordered_pool::record_fence(arena& a) {
   // context's); creating the event needs one always. Other records skip the
   // guard's driver calls: with many streams, periodic fences are frequent (W3).
   std::optional<device_context_guard> guard;
-  const bool default_stream = a.stream == nullptr || a.stream == CU_STREAM_LEGACY || a.stream == CU_STREAM_PER_THREAD;
-  if (default_stream || a.fence == nullptr) guard.emplace(device);
+  if (is_default_stream(a.stream) || a.fence == nullptr) guard.emplace(device);
   if (a.fence == nullptr) GPUMEM_CU(cuEventCreate, &a.fence, CU_EVENT_DISABLE_TIMING);
   GPUMEM_CU(cuEventRecord, a.fence, a.stream);
   a.fenced_frees = a.frees;
@@ -377,7 +376,10 @@ void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size
 
 void stream_ordered_pool::wait_for(arena& waiter, CUevent fence) {
   if (fence == nullptr) return;  // never recorded: what it covers needed no wait
-  device_context_guard guard(device);
+  // As in record_fence, only a default stream needs the device's context
+  // current (W5's data-pipeline waits tens of times a replay).
+  std::optional<device_context_guard> guard;
+  if (is_default_stream(waiter.stream)) guard.emplace(device);
   GPUMEM_CU(cuStreamWaitEvent, waiter.stream, fence, 0);
 }
 

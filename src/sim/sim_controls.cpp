@@ -7,6 +7,7 @@
 
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
+#include "sim/sim_driver.hpp"
 #include "sim/sim_state.hpp"
 
 namespace gpumem::sim {
@@ -58,6 +59,13 @@ void set_peer_access(bool enabled) {
 }
 
 std::size_t used_bytes(int device) { return device_of("used_bytes", device).memory.used_bytes(); }
+
+std::uint64_t driver_calls(std::string_view entry_point) {
+  simulator("driver_calls");
+  if (const std::optional<std::uint64_t> n = detail::sim_driver_calls(entry_point)) return *n;
+  throw logic_error("gpumem::sim::driver_calls: '" + std::string(entry_point) +
+                    "' is not a driver entry point gpumem calls (src/driver/entry_points.hpp)");
+}
 
 std::size_t live_allocations(int device) {
   return device_of("live_allocations", device).memory.live_allocations();

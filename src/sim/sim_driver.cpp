@@ -2,6 +2,8 @@
 // initializes it as the real loader would (cuInit), and wires every entry point.
 #include "sim/sim_driver.hpp"
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "gpumem/error.hpp"
@@ -11,6 +13,35 @@
 
 namespace gpumem::detail {
 namespace {
+
+// Every entry point of the table is a trampoline that counts the call and then
+// calls the simulator's function, so that tests can assert which driver calls
+// a path makes (gpumem::sim::driver_calls): a relaxed increment, on the
+// simulator only.
+namespace counted {
+#define GPUMEM_SIM_COUNTED_ENTRY(name, version)             \
+  std::atomic<std::uint64_t> calls_##name{0};               \
+  decltype(&::name) simulated_##name = nullptr;             \
+  template <class>                                          \
+  struct entry_##name;                                      \
+  template <class R, class... A>                            \
+  struct entry_##name<R (*)(A...)> {                        \
+    static R call(A... args) {                              \
+      calls_##name.fetch_add(1, std::memory_order_relaxed); \
+      return simulated_##name(args...);                     \
+    }                                                       \
+  };
+GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_SIM_COUNTED_ENTRY)
+#undef GPUMEM_SIM_COUNTED_ENTRY
+}  // namespace counted
+
+void count_every_call(driver_api& table) {
+#define GPUMEM_SIM_COUNT_ENTRY(name, version) \
+  counted::simulated_##name = table.name;     \
+  table.name = &counted::entry_##name<decltype(table.name)>::call;
+  GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_SIM_COUNT_ENTRY)
+#undef GPUMEM_SIM_COUNT_ENTRY
+}
 
 driver_api build_sim_driver_table() {
   using namespace simulator;
@@ -135,9 +166,18 @@ const driver_api& sim_driver_table() {
   static const driver_api table = [] {
     driver_api t = build_sim_driver_table();
     if (!every_entry_point_set(t)) throw logic_error("gpumem simulator: an entry point is not wired");
+    count_every_call(t);
     return t;
   }();
   return table;
+}
+
+std::optional<std::uint64_t> sim_driver_calls(std::string_view entry_point) noexcept {
+#define GPUMEM_SIM_CALLS_OF(name, version) \
+  if (entry_point == #name) return counted::calls_##name.load(std::memory_order_relaxed);
+  GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_SIM_CALLS_OF)
+#undef GPUMEM_SIM_CALLS_OF
+  return std::nullopt;
 }
 
 }  // namespace gpumem::detail

@@ -2,6 +2,8 @@
 // pages, and take them back by swapping. The growth mutex is held where these
 // run, exclusively or shared (vmm_pool_impl.hpp).
 
+#include <algorithm>
+
 #include "vmm/vmm_pool_impl.hpp"
 
 namespace gpumem {
@@ -139,7 +141,13 @@ bool vmm_pool_resource::impl::take_back_across(arena& a, chunk& c, std::size_t i
   if (!(h.primary.load() == there)) return false;
   const order_across order = order_of(a, s, there);
   if (order == order_across::none) return false;
-  if (order == order_across::after_wait) waits.push_back({&s, s.fence, s.fenced_frees});
+  if (order == order_across::after_wait) {
+    // One wait per arena: its fence is one event, and its latest record covers
+    // every free it fenced before.
+    auto same = std::find_if(waits.begin(), waits.end(), [&](const fence_wait& w) { return w.of == &s; });
+    if (same == waits.end()) waits.push_back({&s, s.fence, s.fenced_frees});
+    else same->fenced = std::max(same->fenced, s.fenced_frees);
+  }
   there.c->set_ready(there.index, false);
   s.reserved_bytes -= page;
   h.primary.store({&c, i});

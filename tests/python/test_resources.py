@@ -174,6 +174,18 @@ def test_sim_counts_device_memory():
     assert gpumem.sim.live_allocations(0) == live
 
 
+@pytest.mark.sim_only
+def test_sim_counts_driver_calls():
+    r = gpumem.CudaResource(0)
+    allocs, frees = gpumem.sim.driver_calls("cuMemAlloc"), gpumem.sim.driver_calls("cuMemFree")
+    p = r.allocate(4096)
+    r.deallocate(p, 4096)
+    assert gpumem.sim.driver_calls("cuMemAlloc") == allocs + 1
+    assert gpumem.sim.driver_calls("cuMemFree") == frees + 1
+    with pytest.raises(gpumem.LogicError, match="not a driver entry point"):
+        gpumem.sim.driver_calls("cuNoSuchCall")
+
+
 def test_vmm_pool_small_and_large_allocations_statistics_and_release():
     pool = gpumem.VmmPoolResource(0)
     small = gpumem.DeviceBuffer(1000, resource=pool)  # shares a page with the next block

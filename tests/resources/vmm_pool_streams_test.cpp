@@ -10,6 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "driver/driver.hpp"
+#include "gpumem/backend.hpp"
+#include "gpumem/sim.hpp"
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
@@ -140,6 +143,54 @@ TEST_F(VmmPoolStreams, StreamsOfOneThreadShareTheirFreePagesAndSwapThemBack) {
   EXPECT_EQ(device_count_mismatches(q2, 8 * g, 0x33, b), 0U);
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
   pool.deallocate(q2, 8 * g, b);
+  pool.deallocate(first, g, b);
+  a.synchronize();
+  b.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
+// The swap above, driven from a thread with no current context: a's stream
+// waits for b's fence once for the slot (one event, whose latest record covers
+// every page), not once a page, and a wait on a created stream makes no
+// context current (the driver takes the stream's). The counts are the
+// simulator's; on the GPU the test checks that such a wait works.
+TEST_F(VmmPoolStreams, TakingBackAnotherStreamsPagesWaitsOnceWithoutAContextSwitch) {
+  vmm_pool_options o;
+  o.fence_interval = 1;  // every free fenced
+  vmm_pool_resource pool(0, o);
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0);
+  const bool counted = current_backend() == backend_kind::sim;
+  auto calls = [&](const char* entry_point) { return counted ? sim::driver_calls(entry_point) : 0; };
+  void* first = nullptr;
+  void* p = nullptr;
+  void* again = nullptr;
+  std::uint64_t waits = 0, switches = 0;
+  std::thread bare([&] {  // drives both streams, so they take turns (Note [Streams that take turns])
+    CUcontext current = nullptr;
+    ASSERT_EQ(detail::driver().cuCtxGetCurrent(&current), CUDA_SUCCESS);
+    ASSERT_EQ(current, nullptr) << "a new thread has no current context";
+    first = pool.allocate(g, b);
+    p = pool.allocate(8 * g, a);
+    pool.deallocate(p, 8 * g, a);
+    void* q = pool.allocate(8 * g, b);  // a's pages, moved
+    pool.deallocate(q, 8 * g, b);       // fenced: a must wait for b's fence on the device
+    const std::uint64_t waits_before = calls("cuStreamWaitEvent");
+    const std::uint64_t switches_before = calls("cuCtxSetCurrent");
+    again = pool.allocate(8 * g, a);
+    waits = calls("cuStreamWaitEvent") - waits_before;
+    switches = calls("cuCtxSetCurrent") - switches_before;
+  });
+  bare.join();
+  ASSERT_EQ(again, p) << "a takes its slot back by swapping";
+  if (counted) {
+    EXPECT_EQ(waits, 1U) << "one wait for b's fence, not one a page";
+    EXPECT_EQ(switches, 0U) << "no context made current for a wait on a created stream";
+  }
+  device_fill(again, 8 * g, 0x52, a);
+  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x52, a), 0U);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  pool.deallocate(again, 8 * g, a);
   pool.deallocate(first, g, b);
   a.synchronize();
   b.synchronize();
