@@ -29,6 +29,22 @@ class VmmPoolStreams : public ::testing::Test {
   void SetUp() override {
     if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
   }
+  static vmm_pool_options every_free_fenced() {
+    vmm_pool_options o;
+    o.fence_interval = 1;
+    return o;
+  }
+  // Writes `value` over [p, p + bytes) on s and reads it back there.
+  static void expect_written(void* p, std::size_t bytes, std::uint8_t value, stream& s) {
+    device_fill(p, bytes, value, s);
+    EXPECT_EQ(device_count_mismatches(p, bytes, value, s), 0U);
+  }
+  // Lets both streams finish; the pool's invariants hold then.
+  static void expect_consistent_after(vmm_pool_resource& pool, stream& a, stream& b) {
+    a.synchronize();
+    b.synchronize();
+    EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  }
 };
 
 TEST_F(VmmPoolStreams, ABusyStreamOfAnotherThreadKeepsWhatItFreedWhileTheDeviceHasMemory) {
@@ -65,9 +81,7 @@ TEST_F(VmmPoolStreams, ABusyStreamOfAnotherThreadKeepsWhatItFreedWhileTheDeviceH
     pool.deallocate(first, g, b);
   });
   on_a.run([&] { pool.deallocate(again, 8 * g, a); });
-  a.synchronize();
-  b.synchronize();
-  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  expect_consistent_after(pool, a, b);
 }
 
 TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
@@ -94,8 +108,7 @@ TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
   EXPECT_EQ(after.pages_created, before.pages_created) << "b took idle a's pages";
   EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
   EXPECT_EQ(after.mapped_bytes, 11 * g);
-  device_fill(q, 8 * g, 0x23, b);
-  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x23, b), 0U);
+  expect_written(q, 8 * g, 0x23, b);
   on_b.run([&] {
     pool.deallocate(q, 8 * g, b);
     pool.deallocate(second, 2 * g, b);
@@ -108,9 +121,7 @@ TEST_F(VmmPoolStreams, AnIdleStreamsSettledPagesGoBeforeNewOnes) {
 // fenced free pages before the device is asked, and take them back by
 // swapping (Note [Swaps across streams]) once the pages are mapped in both.
 TEST_F(VmmPoolStreams, StreamsOfOneThreadShareTheirFreePagesAndSwapThemBack) {
-  vmm_pool_options o;
-  o.fence_interval = 1;  // every free fenced
-  vmm_pool_resource pool(0, o);
+  vmm_pool_resource pool(0, every_free_fenced());
   const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
   void* first = pool.allocate(g, b);  // b first: a's frees are fenced
@@ -129,8 +140,7 @@ TEST_F(VmmPoolStreams, StreamsOfOneThreadShareTheirFreePagesAndSwapThemBack) {
   // to map, and the same for b after a frees again.
   void* again = pool.allocate(8 * g, a);
   EXPECT_EQ(again, p);
-  device_fill(again, 8 * g, 0x32, a);
-  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x32, a), 0U);
+  expect_written(again, 8 * g, 0x32, a);
   pool.deallocate(again, 8 * g, a);
   void* q2 = pool.allocate(8 * g, b);
   EXPECT_EQ(q2, q);
@@ -139,14 +149,11 @@ TEST_F(VmmPoolStreams, StreamsOfOneThreadShareTheirFreePagesAndSwapThemBack) {
   EXPECT_EQ(swapped.pages_moved, took.pages_moved) << "swaps, not moves";
   EXPECT_EQ(swapped.pages_revived - took.pages_revived, 16U);
   EXPECT_EQ(swapped.mapped_bytes, 9 * g);
-  device_fill(q2, 8 * g, 0x33, b);
-  EXPECT_EQ(device_count_mismatches(q2, 8 * g, 0x33, b), 0U);
+  expect_written(q2, 8 * g, 0x33, b);
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
   pool.deallocate(q2, 8 * g, b);
   pool.deallocate(first, g, b);
-  a.synchronize();
-  b.synchronize();
-  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  expect_consistent_after(pool, a, b);
 }
 
 // The swap above, driven from a thread with no current context: a's stream
@@ -155,9 +162,7 @@ TEST_F(VmmPoolStreams, StreamsOfOneThreadShareTheirFreePagesAndSwapThemBack) {
 // context current (the driver takes the stream's). The counts are the
 // simulator's; on the GPU the test checks that such a wait works.
 TEST_F(VmmPoolStreams, TakingBackAnotherStreamsPagesWaitsOnceWithoutAContextSwitch) {
-  vmm_pool_options o;
-  o.fence_interval = 1;  // every free fenced
-  vmm_pool_resource pool(0, o);
+  vmm_pool_resource pool(0, every_free_fenced());
   const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
   const bool counted = current_backend() == backend_kind::sim;
@@ -187,22 +192,17 @@ TEST_F(VmmPoolStreams, TakingBackAnotherStreamsPagesWaitsOnceWithoutAContextSwit
     EXPECT_EQ(waits, 1U) << "one wait for b's fence, not one a page";
     EXPECT_EQ(switches, 0U) << "no context made current for a wait on a created stream";
   }
-  device_fill(again, 8 * g, 0x52, a);
-  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x52, a), 0U);
+  expect_written(again, 8 * g, 0x52, a);
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
   pool.deallocate(again, 8 * g, a);
   pool.deallocate(first, g, b);
-  a.synchronize();
-  b.synchronize();
-  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  expect_consistent_after(pool, a, b);
 }
 
 // A slot that stream a frees for stream b (deallocate on a) is free for a at
 // once, before b has absorbed it: a's own stream ordered the free.
 TEST_F(VmmPoolStreams, AStreamTakesBackPagesOfASlotItFreedForAnotherStreamOfItsThread) {
-  vmm_pool_options o;
-  o.fence_interval = 1;
-  vmm_pool_resource pool(0, o);
+  vmm_pool_resource pool(0, every_free_fenced());
   const std::size_t g = pool.page_bytes();
   stream a(0), b(0);
   void* first = pool.allocate(g, b);
@@ -219,21 +219,17 @@ TEST_F(VmmPoolStreams, AStreamTakesBackPagesOfASlotItFreedForAnotherStreamOfItsT
   EXPECT_EQ(after.pages_created, before.pages_created);
   EXPECT_EQ(after.pages_moved, before.pages_moved);
   EXPECT_EQ(after.pages_revived - before.pages_revived, 8U);
-  device_fill(again, 8 * g, 0x42, a);
-  EXPECT_EQ(device_count_mismatches(again, 8 * g, 0x42, a), 0U);
+  expect_written(again, 8 * g, 0x42, a);
   EXPECT_EQ(detail::pool_inspector::violations(pool), "") << "a pending slot may have given its pages";
   pool.deallocate(again, 8 * g, a);
   // b absorbs its slot (its pages now aliases) and takes them back in turn.
   void* q2 = pool.allocate(8 * g, b);
   EXPECT_EQ(q2, q);
-  device_fill(q2, 8 * g, 0x43, b);
-  EXPECT_EQ(device_count_mismatches(q2, 8 * g, 0x43, b), 0U);
+  expect_written(q2, 8 * g, 0x43, b);
   EXPECT_EQ(pool.statistics().pages_moved, after.pages_moved);
   pool.deallocate(q2, 8 * g, b);
   pool.deallocate(first, g, b);
-  a.synchronize();
-  b.synchronize();
-  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  expect_consistent_after(pool, a, b);
 }
 
 // Threads that each drive a loader stream and a compute stream, as a data
@@ -296,8 +292,7 @@ TEST_F(VmmPoolStreams, AnotherStreamsFreePagesMoveWhenTheBudgetIsReached) {
   EXPECT_EQ(after.pages_created, before.pages_created) << "b took a's free pages";
   EXPECT_EQ(after.pages_moved - before.pages_moved, 8U);
   EXPECT_EQ(after.mapped_bytes, 8 * g);
-  device_fill(q, 8 * g, 0x17, b);
-  EXPECT_EQ(device_count_mismatches(q, 8 * g, 0x17, b), 0U);
+  expect_written(q, 8 * g, 0x17, b);
   pool.deallocate(q, 8 * g, b);
   b.synchronize();
 }
