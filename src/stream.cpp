@@ -11,7 +11,7 @@ namespace gpumem {
 
 int stream_view::device() const {
   CUdevice dev{};
-  if (handle_ == nullptr || handle_ == CU_STREAM_LEGACY || handle_ == CU_STREAM_PER_THREAD) {
+  if (detail::is_default_stream(handle_)) {
     // The default streams belong to whichever context is current: make sure one is.
     detail::device_context_guard guard(current_device());
     GPUMEM_CU(cuStreamGetDevice, handle_, &dev);

@@ -13,14 +13,6 @@
 
 namespace gpumem::detail {
 
-// The handles that mean the current context's default streams. A call on one
-// needs the resource's device current; a call on a created stream acts in that
-// stream's context, whichever is current (so the pools' fences and waits on
-// created streams skip the context guard's driver calls).
-inline bool is_default_stream(CUstream h) noexcept {
-  return h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
-}
-
 // The default-stream handles mean the current context's streams; callers have
 // made the resource's device current, so they pass.
 inline void check_stream_device(stream_view stream, int device, const char* where) {

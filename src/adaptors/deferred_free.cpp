@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "driver/driver.hpp"
 #include "text.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -255,8 +256,7 @@ void deferred_free_adaptor::do_deallocate(void* ptr, std::size_t bytes, stream_v
                                           std::size_t alignment) {
   impl& st = *impl_;
   const CUstream h = stream.handle();
-  if (st.device >= 0 && h != nullptr && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD &&
-      stream.device() != st.device) {
+  if (st.device >= 0 && !detail::is_default_stream(h) && stream.device() != st.device) {
     // Checked here, not left to the flush: the free must fail now, and the event
     // recorded on the stream would order nothing on this device.
     throw logic_error("gpumem::deferred_free_adaptor::deallocate: the stream belongs to device " +

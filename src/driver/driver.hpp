@@ -63,6 +63,14 @@ class GPUMEM_EXPORT device_context_guard {
   bool switched_ = false;
 };
 
+// The handles that mean the current context's default streams. A call on one
+// needs the device's context current (device_context_guard); a call on a
+// created stream acts in that stream's context, whichever is current (so the
+// pools' fences and waits on created streams skip the guard's driver calls).
+inline bool is_default_stream(CUstream h) noexcept {
+  return h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
+}
+
 // The primary context of a device (retained once, held for the process's life).
 GPUMEM_EXPORT CUcontext primary_context(int device);
 // Throws gpumem::logic_error unless 0 <= device < device count.
