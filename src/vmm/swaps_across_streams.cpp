@@ -3,6 +3,8 @@
 // run, exclusively or shared (vmm_pool_impl.hpp).
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
 
 #include "vmm/vmm_pool_impl.hpp"
 
@@ -92,18 +94,42 @@ vmm_pool_resource::impl::order_across vmm_pool_resource::impl::order_of(const ar
   return freed <= s.fenced_frees ? order_across::after_wait : order_across::none;
 }
 
-namespace {
-// Locks o (another arena than the caller's): at once under the exclusive growth
-// mutex, where one thread at a time holds two arena locks; only if free under
-// the shared one, where a thread holding its own lock must not wait for another.
-bool lock_other(std::unique_lock<detail::spin_lock>& lock, bool shared) {
-  if (shared) return lock.try_lock();
-  lock.lock();
-  return true;
-}
-}  // namespace
+// Holds the lock of one other arena than the caller's at a time: at once under
+// the exclusive growth mutex, where one thread at a time holds two arena locks;
+// only if free under the shared one, where a thread holding its own lock must
+// not wait for another. Kept from page to page while their handles lie in the
+// same arena (a slot's pages taken back from another stream mostly do: the 54-
+// to 84-page slots of W5's data-pipeline), not taken and let go for each.
+class vmm_pool_resource::impl::other_arena_lock {
+ public:
+  explicit other_arena_lock(bool shared) : shared_(shared) {}
+  // Whether o's lock is held now (taken if it was not).
+  bool hold(arena& o) {
+    if (held_ == &o) return true;
+    release();
+    std::unique_lock lock(o.lock, std::defer_lock);
+    if (!shared_) {
+      lock.lock();
+    } else if (!lock.try_lock()) {
+      return false;
+    }
+    lock_ = std::move(lock);
+    held_ = &o;
+    return true;
+  }
+  void release() {
+    if (held_ == nullptr) return;
+    lock_.unlock();
+    held_ = nullptr;
+  }
 
-bool vmm_pool_resource::impl::usable_across(arena& a, const block* s, bool shared) {
+ private:
+  std::unique_lock<detail::spin_lock> lock_;
+  arena* held_ = nullptr;
+  bool shared_;
+};
+
+bool vmm_pool_resource::impl::usable_across(arena& a, const block* s, other_arena_lock& held) {
   const chunk& c = *s->owner;
   const auto [first, end] = pages_of(s);
   bool across = false;
@@ -118,8 +144,7 @@ bool vmm_pool_resource::impl::usable_across(arena& a, const block* s, bool share
       continue;
     }
     if (!take_turns(a, o)) return false;  // a stream of another thread keeps its pages
-    std::unique_lock lock(o.lock, std::defer_lock);
-    if (!lock_other(lock, shared)) return false;
+    if (!held.hold(o)) return false;
     // Read again under o's lock: a swap that moved it holds o's lock.
     if (!(c.home_at[i]->primary.load() == there) || order_of(a, o, there) == order_across::none) return false;
     across = true;
@@ -128,14 +153,13 @@ bool vmm_pool_resource::impl::usable_across(arena& a, const block* s, bool share
 }
 
 bool vmm_pool_resource::impl::take_back_across(arena& a, chunk& c, std::size_t i, std::vector<fence_wait>& waits,
-                                               bool shared) {
+                                               other_arena_lock& held) {
   page_home& h = *c.home_at[i];
   const page_ref there = h.primary.load();
   arena& s = *there.c->owner;
   // Every write under s's lock (and a's, held by the caller): a's look and s's
   // both read the handle's primary place under their own lock.
-  std::unique_lock lock(s.lock, std::defer_lock);
-  if (!lock_other(lock, shared)) return false;
+  if (!held.hold(s)) return false;
   // Looked at again: s's hot path may have handed the page out, or another
   // swap moved the handle, since usable_across let go of the lock.
   if (!(h.primary.load() == there)) return false;
@@ -164,7 +188,8 @@ void vmm_pool_resource::impl::wait_across(arena& a, const std::vector<fence_wait
 }
 
 vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable_across(arena& a, std::size_t size, bool shared) {
-  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable_across(a, y, shared); });
+  other_arena_lock held(shared);
+  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable_across(a, y, held); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
   const auto [first, end] = pages_of(s);
@@ -175,13 +200,14 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable_across(aren
     if (c.is_ready(i)) continue;
     if (c.home_at[i]->primary.load().c->owner == &a) {
       take_back(c, i);
-    } else if (!take_back_across(a, c, i, waits, shared)) {
+    } else if (!take_back_across(a, c, i, waits, held)) {
       complete = false;  // taken meanwhile: the slot goes back with what it swapped
       continue;
     }
     ++swaps;
   }
   a.pages_revived += swaps;
+  held.release();  // before a driver call
   wait_across(a, waits);  // the pages it swapped are the slot's own now, in order
   if (!complete) {
     a.slots.push(s);

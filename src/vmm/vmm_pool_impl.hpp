@@ -135,10 +135,12 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // it cannot (in use, or its free not fenced);
   enum class order_across { none, ordered, after_wait };
   static order_across order_of(const arena& a, const arena& s, page_ref there);
-  // whether the free slot `s` needs swaps only, some with other arenas (with
-  // `shared`, the growth mutex is held shared: other arenas' locks are only
-  // tried, and a busy one makes the slot unusable for now);
-  bool usable_across(arena& a, const block* s, bool shared);
+  // the lock of one other arena at a time, kept across pages whose handles lie
+  // there (with `shared`, the growth mutex is held shared: other arenas' locks
+  // are only tried, and a busy one makes the slot unusable for now);
+  class other_arena_lock;
+  // whether the free slot `s` needs swaps only, some with other arenas;
+  bool usable_across(arena& a, const block* s, other_arena_lock& held);
   // the lowest-addressed such slot of `size`, swapped and out of the cache, or null;
   block* take_usable_across(arena& a, std::size_t size, bool shared);
   // a device-side wait a swap across needs: for `of`'s fence, recorded at `fenced`;
@@ -150,7 +152,7 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // the alias at page i of c (in a) takes its handle back from another arena
   // when it is still free and ordered there (else false, nothing changed),
   // adding to `waits` what a's stream must wait for;
-  bool take_back_across(arena& a, chunk& c, std::size_t i, std::vector<fence_wait>& waits, bool shared);
+  bool take_back_across(arena& a, chunk& c, std::size_t i, std::vector<fence_wait>& waits, other_arena_lock& held);
   // a's stream waits on the device for `waits` (a's lock held).
   void wait_across(arena& a, const std::vector<fence_wait>& waits);
   // Hands out the slot `s` (a's lock held).

@@ -199,6 +199,46 @@ TEST_F(VmmPoolStreams, TakingBackAnotherStreamsPagesWaitsOnceWithoutAContextSwit
   expect_consistent_after(pool, a, b);
 }
 
+// A slot whose pages went to two other streams of its thread takes them back
+// from both arenas in one look, holding one other arena's lock at a time, and
+// its stream waits once for each of their fences.
+TEST_F(VmmPoolStreams, ASlotTakesBackItsPagesFromTwoOtherStreamsOfItsThread) {
+  vmm_pool_resource pool(0, every_free_fenced());
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0), c(0);
+  const bool counted = current_backend() == backend_kind::sim;
+  void* first = pool.allocate(g, b);  // b and c first: a's frees are fenced
+  void* second = pool.allocate(g, c);
+  void* p = pool.allocate(8 * g, a);
+  pool.deallocate(p, 8 * g, a);
+  const vmm_pool_statistics before = pool.statistics();
+  void* q = pool.allocate(4 * g, b);  // half of a's pages, moved
+  void* r = pool.allocate(4 * g, c);  // the other half
+  const vmm_pool_statistics took = pool.statistics();
+  ASSERT_EQ(took.pages_created, before.pages_created) << "b and c took a's free pages";
+  ASSERT_EQ(took.pages_moved - before.pages_moved, 8U);
+  expect_written(q, 4 * g, 0x61, b);
+  expect_written(r, 4 * g, 0x62, c);
+  pool.deallocate(q, 4 * g, b);
+  pool.deallocate(r, 4 * g, c);
+  const std::uint64_t waits_before = counted ? sim::driver_calls("cuStreamWaitEvent") : 0;
+  void* again = pool.allocate(8 * g, a);
+  const std::uint64_t waits = counted ? sim::driver_calls("cuStreamWaitEvent") - waits_before : 0;
+  const vmm_pool_statistics swapped = pool.statistics();
+  EXPECT_EQ(again, p) << "a takes its slot back by swapping";
+  EXPECT_EQ(swapped.pages_created, took.pages_created);
+  EXPECT_EQ(swapped.pages_moved, took.pages_moved) << "swaps, not moves";
+  EXPECT_EQ(swapped.pages_revived - took.pages_revived, 8U);
+  if (counted) EXPECT_EQ(waits, 2U) << "one wait for b's fence and one for c's";
+  expect_written(again, 8 * g, 0x63, a);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  pool.deallocate(again, 8 * g, a);
+  pool.deallocate(first, g, b);
+  pool.deallocate(second, g, c);
+  expect_consistent_after(pool, a, b);
+  c.synchronize();
+}
+
 // A slot that stream a frees for stream b (deallocate on a) is free for a at
 // once, before b has absorbed it: a's own stream ordered the free.
 TEST_F(VmmPoolStreams, AStreamTakesBackPagesOfASlotItFreedForAnotherStreamOfItsThread) {
