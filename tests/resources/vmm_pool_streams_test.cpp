@@ -229,7 +229,9 @@ TEST_F(VmmPoolStreams, ASlotTakesBackItsPagesFromTwoOtherStreamsOfItsThread) {
   EXPECT_EQ(swapped.pages_created, took.pages_created);
   EXPECT_EQ(swapped.pages_moved, took.pages_moved) << "swaps, not moves";
   EXPECT_EQ(swapped.pages_revived - took.pages_revived, 8U);
-  if (counted) EXPECT_EQ(waits, 2U) << "one wait for b's fence and one for c's";
+  if (counted) {
+    EXPECT_EQ(waits, 2U) << "one wait for b's fence and one for c's";
+  }
   expect_written(again, 8 * g, 0x63, a);
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
   pool.deallocate(again, 8 * g, a);
