@@ -117,9 +117,9 @@ block* stream_ordered_pool::coalesce(arena& a, block* b, std::uint64_t epoch) {
 // that change no page's state, most of those of blocks under a page on pages
 // that other blocks share, compare two page numbers and read no per-page
 // record, where a count of the blocks on each page would be read and written
-// on every one (docs/benchmarks.md, "Measured in rounds"). Paged segments are
-// reserved page-aligned, so page numbers follow from addresses alone (add_chunk
-// checks). pool_inspector recomputes the busy pages from the blocks.
+// on every one (docs/benchmarks-history-2026-11-28.md, "Measured in rounds").
+// Paged segments are reserved page-aligned, so page numbers follow from
+// addresses alone (add_chunk checks). pool_inspector recomputes the busy pages from the blocks.
 namespace {
 struct page_numbers {
   std::uintptr_t first = 0;  // address >> page_shift
