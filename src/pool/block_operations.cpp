@@ -119,7 +119,8 @@ block* stream_ordered_pool::coalesce(arena& a, block* b, std::uint64_t epoch) {
 // record, where a count of the blocks on each page would be read and written
 // on every one (docs/benchmarks-history-2026-11-28.md, "Measured in rounds").
 // Paged segments are reserved page-aligned, so page numbers follow from
-// addresses alone (add_chunk checks). pool_inspector recomputes the busy pages from the blocks.
+// addresses alone (add_chunk checks). pool_inspector recomputes the busy pages
+// from the blocks.
 namespace {
 struct page_numbers {
   std::uintptr_t first = 0;  // address >> page_shift
