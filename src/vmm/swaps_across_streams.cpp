@@ -98,8 +98,8 @@ vmm_pool_resource::impl::order_across vmm_pool_resource::impl::order_of(const ar
 // the exclusive growth mutex, where one thread at a time holds two arena locks;
 // only if free under the shared one, where a thread holding its own lock must
 // not wait for another. Kept from page to page while their handles lie in the
-// same arena (a slot's pages taken back from another stream mostly do: the 54-
-// to 84-page slots of W5's data-pipeline), not taken and let go for each.
+// same arena (a slot's pages taken back from another stream mostly do), not
+// taken and let go for each: docs/benchmarks.md, "This tree on a slow H200 host".
 class vmm_pool_resource::impl::other_arena_lock {
  public:
   explicit other_arena_lock(bool shared) : shared_(shared) {}
@@ -160,8 +160,9 @@ bool vmm_pool_resource::impl::take_back_across(arena& a, chunk& c, std::size_t i
   // Every write under s's lock (and a's, held by the caller): a's look and s's
   // both read the handle's primary place under their own lock.
   if (!held.hold(s)) return false;
-  // Looked at again: s's hot path may have handed the page out, or another
-  // swap moved the handle, since usable_across let go of the lock.
+  // Looked at again: where s's lock was let go since usable_across looked (a
+  // page of another arena came between), s's hot path may have handed the page
+  // out, or another swap moved the handle.
   if (!(h.primary.load() == there)) return false;
   const order_across order = order_of(a, s, there);
   if (order == order_across::none) return false;
