@@ -237,8 +237,8 @@ TEST_F(VmmPoolStreams, ASlotTakesBackItsPagesFromTwoOtherStreamsOfItsThread) {
   pool.deallocate(again, 8 * g, a);
   pool.deallocate(first, g, b);
   pool.deallocate(second, g, c);
-  expect_consistent_after(pool, a, b);
   c.synchronize();
+  expect_consistent_after(pool, a, b);
 }
 
 // A slot that stream a frees for stream b (deallocate on a) is free for a at
