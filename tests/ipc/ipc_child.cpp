@@ -80,10 +80,10 @@ std::string run(const std::string& mode, gpumem::ipc_fd_channel& channel) {
   {
     const gpumem::detail::device_context_guard guard(user);
     GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(mapping.data()), n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (host[i] != parent_byte(i)) return "byte " + std::to_string(i) + " is not what the parent wrote";
+    if (const std::size_t at = first_difference(host.data(), n, parent_byte); at != n) {
+      return "byte " + std::to_string(at) + " is not what the parent wrote";
     }
-    for (std::size_t i = 0; i < n; ++i) host[i] = child_byte(i);
+    host = pattern(n, child_byte);
     GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(mapping.data()), reinterpret_cast<CUdeviceptr>(host.data()), n);
   }
   if (handle.kind() != gpumem::ipc_kind::vmm && mode != "crash") {
@@ -95,8 +95,8 @@ std::string run(const std::string& mode, gpumem::ipc_fd_channel& channel) {
     mapping.close();
     const gpumem::detail::device_context_guard guard(user);
     GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(again.data()), n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (host[i] != child_byte(i)) return "after the first mapping closed, the second reads other bytes";
+    if (first_difference(host.data(), n, child_byte) != n) {
+      return "after the first mapping closed, the second reads other bytes";
     }
     again.close();
   }

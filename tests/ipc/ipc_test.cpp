@@ -30,11 +30,12 @@
 namespace {
 
 using gpumem_test::child_byte;
+using gpumem_test::count_differences;
+using gpumem_test::first_difference;
 using gpumem_test::parent_byte;
 
 void write_pattern(void* p, std::size_t n) {
-  std::vector<std::uint8_t> host(n);
-  for (std::size_t i = 0; i < n; ++i) host[i] = parent_byte(i);
+  const std::vector<std::uint8_t> host = gpumem_test::pattern(n, parent_byte);
   const gpumem::detail::device_context_guard guard(0);
   GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(p), reinterpret_cast<CUdeviceptr>(host.data()), n);
 }
@@ -44,9 +45,7 @@ std::size_t child_mismatches(const void* p, std::size_t n) {
   std::vector<std::uint8_t> host(n);
   const gpumem::detail::device_context_guard guard(0);
   GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(p), n);
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) bad += host[i] != child_byte(i);
-  return bad;
+  return count_differences(host.data(), n, child_byte);
 }
 
 // Starts this binary as the importing child (fork + exec: the child starts a fresh
@@ -103,6 +102,20 @@ void round_trip(const gpumem::memory_resource& mr, void* p, std::size_t bytes, g
   ASSERT_EQ(report.text, "ok");
   EXPECT_EQ(report.status, 0);
   EXPECT_EQ(child_mismatches(p, bytes), 0u);
+}
+
+TEST(IpcPattern, IsEachByteAndItsChecksFindEveryDifference) {
+  // Over several of first_difference's 1 MiB blocks, with a ragged end.
+  const std::size_t n = (std::size_t{3} << 20) + 100;
+  std::vector<std::uint8_t> host = gpumem_test::pattern(n, parent_byte);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], parent_byte(i)) << i;
+  EXPECT_EQ(first_difference(host.data(), n, parent_byte), n);
+  EXPECT_EQ(count_differences(host.data(), n, parent_byte), 0u);
+  EXPECT_EQ(first_difference(host.data(), n, child_byte), 0u);
+  host[(std::size_t{1} << 20) + 7] ^= 1;
+  host[n - 1] ^= 1;
+  EXPECT_EQ(first_difference(host.data(), n, parent_byte), (std::size_t{1} << 20) + 7);
+  EXPECT_EQ(count_differences(host.data(), n, parent_byte), 2u);
 }
 
 TEST(Ipc, CudaResourceLegacyHandle) {
@@ -207,7 +220,7 @@ TEST(Ipc, ImporterThatDiesWithoutClosingLeavesThePoolIntact) {
     const gpumem::detail::device_context_guard guard(0);
     GPUMEM_CU(cuMemcpy, reinterpret_cast<CUdeviceptr>(host.data()), reinterpret_cast<CUdeviceptr>(neighbour), n);
   }
-  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], parent_byte(i)) << i;
+  ASSERT_EQ(first_difference(host.data(), n, parent_byte), n);
   pool.deallocate(p, n, s);
   void* again = pool.allocate(n, s);
   write_pattern(again, n);

@@ -19,6 +19,7 @@
 #include "gpumem/vmm/device_vector.hpp"
 #include "gpumem/vmm/growable_buffer.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
+#include "support/sanitizers.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -439,7 +440,7 @@ TEST_F(GrowableBufferDeathTest, TouchingAReleasedTailFaults) {
   tail[0] = 1;  // mapped
   b.resize(2 * MiB);
   b.shrink_to_fit();
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if GPUMEM_TEST_SANITIZED
   EXPECT_DEATH(tail[0] = 2, "SEGV");
 #else
   EXPECT_EXIT(tail[0] = 2, ::testing::KilledBySignal(SIGSEGV), "");

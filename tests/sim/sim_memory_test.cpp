@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "sim_test_support.hpp"
+#include "support/sanitizers.hpp"
 
 namespace gpumem::sim_test {
 namespace {
@@ -185,7 +186,7 @@ TEST_F(sim_memory_DeathTest, use_after_free_faults) {
   auto* bytes = reinterpret_cast<volatile unsigned char*>(p);
   bytes[0] = 1;  // fine while allocated
   ASSERT_EQ(cu().cuMemFree(p), CUDA_SUCCESS);
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if GPUMEM_TEST_SANITIZED
   EXPECT_DEATH(bytes[0] = 2, "SEGV");  // the sanitizer reports the fault and exits
 #else
   EXPECT_EXIT(bytes[0] = 2, ::testing::KilledBySignal(SIGSEGV), "");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sim_test_support.hpp"
+#include "support/sanitizers.hpp"
 
 namespace gpumem::sim_test {
 namespace {
@@ -323,7 +324,7 @@ TEST_F(sim_vmm_test, concurrent_create_map_unmap_release_keeps_exact_accounting)
 
 using sim_vmm_DeathTest = sim_vmm_test;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if GPUMEM_TEST_SANITIZED
 #define GPUMEM_EXPECT_SEGV(statement) EXPECT_DEATH(statement, "SEGV")
 #else
 #define GPUMEM_EXPECT_SEGV(statement) EXPECT_EXIT(statement, ::testing::KilledBySignal(SIGSEGV), "")
