@@ -18,6 +18,7 @@
 #include "gpumem/vmm/virtual_memory.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
 #include "support/capture.hpp"
+#include "support/sanitizers.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -85,7 +86,7 @@ TEST_F(VmmPool, FragmentationScenarioW4Succeeds) {
 // hands out memory that a live block uses. On the simulator the same physical
 // pages really are mapped at both addresses, so aliasing shows as corruption.
 TEST_F(VmmPool, MovedPagesNeverAliasLiveBlocks) {
-#if defined(__SANITIZE_THREAD__)
+#if GPUMEM_TEST_TSAN
   // Under ThreadSanitizer every byte of the simulator's device work is checked,
   // and filling and reading back a quarter of the whole simulated device took
   // about ctest's whole timeout in CI. The same scenario at a quarter of the

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sim_test_support.hpp"
+#include "support/sanitizers.hpp"
 
 namespace gpumem::sim_test {
 namespace {
@@ -98,7 +99,7 @@ TEST_F(sim_config_DeathTest, memory_sizes_accept_suffixes) {
   expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "1GiB"}}, [] { return total_memory(0) == std::size_t{1} << 30; });
   expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "512m"}}, [] { return total_memory(1) == std::size_t{512} << 20; });
   expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "64 K"}}, [] { return total_memory(0) == std::size_t{64} << 10; });
-#if !defined(__SANITIZE_THREAD__)
+#if !GPUMEM_TEST_TSAN
   // Reserving 4 TiB per device is more address space than ThreadSanitizer's layout allows.
   expect_in_fresh_process({{"GPUMEM_SIM_MEMORY", "1tib"}}, [] { return total_memory(0) == std::size_t{1} << 40; });
   // The same units as GPUMEM_CONF (one parser): KB/MB/GB/TB are powers of 1024 too.
