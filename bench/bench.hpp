@@ -3,6 +3,7 @@
 // workload's variants) and cells (one subject measured on one column).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -62,9 +63,9 @@ struct options {
   // to what fits (at least one), and W3 skips a thread count whose estimate
   // does not fit. 0: no bound.
   double cell_budget_seconds = 0;
-  // Bounds the whole run: once it has lasted this long, the rows and workloads
-  // not yet measured are skipped (saying so), so that the tables, the JSON and
-  // the charts are still written. 0: no bound.
+  // Bounds the whole run: once it has lasted this long, the cells not yet
+  // begun are skipped (saying so), so that the tables, the JSON and the charts
+  // are still written. 0: no bound.
   double time_limit_seconds = 0;
   std::string json_path;               // empty: no JSON
   std::string plot_dir;                // empty: no charts
@@ -76,6 +77,9 @@ struct options {
 struct context {
   const options& opts;
   int device = 0;
+  // When --time-limit-s runs out (run_cells skips every cell begun after it).
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  bool out_of_time() const { return std::chrono::steady_clock::now() >= deadline; }
 };
 
 // ---- results ----------------------------------------------------------------

@@ -132,6 +132,7 @@ std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t co
   const auto failed = [columns](cell_status status, std::string message) {
     return std::vector<cell>(columns, failed_cell(status, std::move(message)));
   };
+  if (ctx.out_of_time()) return std::vector<cell>(columns, time_limit_cell(ctx.opts));
   try {
     // Destroyed in reverse order: the stream is drained (even when fn threw)
     // before the resource goes, and outlives it, since a resource may free into it.
@@ -162,6 +163,11 @@ std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t co
 }
 
 cell skipped_cell(std::string why) { return failed_cell(cell_status::skipped, std::move(why)); }
+
+cell time_limit_cell(const options& opts) {
+  return skipped_cell("not run: the run reached --time-limit-s " +
+                      std::to_string(static_cast<long long>(opts.time_limit_seconds)));
+}
 
 void add_round(cell& so_far, cell round_cell, int round) {
   if (so_far.status != cell_status::ok) return;  // the first round that went wrong is the one reported

@@ -38,7 +38,9 @@ void warm_up(const subject& s, const context& ctx, double seconds);
 // Builds `s`'s resource on ctx.device and a non-blocking stream there, and
 // returns fn(resource, stream). Exceptions become a cell: out_of_memory (any
 // std::bad_alloc) and cuda_error give `failed`, anything else `error`. The
-// stream is synchronized before the resource is destroyed.
+// stream is synchronized before the resource is destroyed. Past ctx.deadline
+// (--time-limit-s) nothing is built or run: the cell is skipped, saying so
+// (time_limit_cell).
 cell run_cell(const subject& s, const context& ctx,
               const std::function<cell(memory_resource&, stream&)>& fn);
 
@@ -46,6 +48,9 @@ cell run_cell(const subject& s, const context& ctx,
 // `columns` copies of the cell an exception became.
 std::vector<cell> run_cells(const subject& s, const context& ctx, std::size_t columns,
                             const std::function<std::vector<cell>(memory_resource&, stream&)>& fn);
+
+// The cell of a run that reached --time-limit-s before it began (skipped).
+cell time_limit_cell(const options& opts);
 
 // A cell that did not measure, saying why (its status: failed, error or skipped).
 cell failed_cell(cell_status status, std::string message);

@@ -332,15 +332,14 @@ int run(int argc, char** argv) {
   print_header(std::cout, info);
   std::cout.flush();
 
-  const context ctx{opts, info.device};
   std::vector<workload_result> results;
   bool errored = false;
   const auto run_start = std::chrono::steady_clock::now();
-  auto out_of_time = [&] {
-    return opts.time_limit_seconds > 0 &&
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count() >
-               opts.time_limit_seconds;
-  };
+  context ctx{opts, info.device};
+  if (opts.time_limit_seconds > 0) {
+    ctx.deadline = run_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(opts.time_limit_seconds));
+  }
   std::size_t cells_done = 0;
   const bool progress_per_row = ::isatty(STDERR_FILENO) != 0;
   std::size_t cells_total = 0;
@@ -385,12 +384,10 @@ int run(int argc, char** argv) {
           return c;
         };
         std::vector<cell> cells;
-        if (out_of_time()) {
+        if (ctx.out_of_time()) {
           // A later round out of time keeps what the earlier ones measured.
           if (round == 1) {
-            cells.assign(res.columns.size(),
-                         skipped_cell("not run: the run reached --time-limit-s " +
-                                      std::to_string(static_cast<long long>(opts.time_limit_seconds))));
+            cells.assign(res.columns.size(), time_limit_cell(opts));
             res.rows.push_back({s, std::move(cells)});
           }
           continue;

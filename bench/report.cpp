@@ -306,7 +306,8 @@ void print_one_table(std::ostream& out, const run_info& info, const options& opt
         << higher << " (higher is better there); below 1 is better than the best peer in "
         << "all columns\n";
   }
-  // Cells whose repetitions were cut to fit --cell-budget-s.
+  // Cells whose repetitions were cut to fit --cell-budget-s, or that a later
+  // round skipped once the run reached --time-limit-s.
   std::string cut;
   for (const auto& row : result.rows) {
     for (std::size_t col = 0; col < result.columns.size(); ++col) {
@@ -317,8 +318,13 @@ void print_one_table(std::ostream& out, const run_info& info, const options& opt
     }
   }
   if (!cut.empty()) {
-    out << "fewer repetitions, to fit --cell-budget-s " << std::llround(opts.cell_budget_seconds)
-        << ": " << cut << "\n";
+    std::string bounds;
+    if (opts.cell_budget_seconds > 0) bounds = "--cell-budget-s " + std::to_string(std::llround(opts.cell_budget_seconds));
+    if (opts.time_limit_seconds > 0) {
+      bounds += (bounds.empty() ? "" : " and ") + std::string("--time-limit-s ") +
+                std::to_string(std::llround(opts.time_limit_seconds));
+    }
+    out << "fewer repetitions, to fit " << bounds << ": " << cut << "\n";
   }
   if (with_notes) {
     for (const std::string& note : w.notes(result)) out << note << "\n";

@@ -1,6 +1,9 @@
-// gpumem-bench's harness: how --rounds joins a cell's rounds (add_round).
+// gpumem-bench's harness: how --rounds joins a cell's rounds (add_round), and
+// how --time-limit-s stops cells (run_cells).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -82,6 +85,46 @@ TEST(BenchRounds, ARoundCutToItsBudgetMarksTheCell) {
   add_round(c, std::move(short_round), 2);
   EXPECT_TRUE(c.cut_by_budget);
   EXPECT_EQ(c.reps.size(), 3U);
+}
+
+std::atomic<int> resources_made{0};
+const subject counted{"counted", subject_kind::peer, [](int) -> std::shared_ptr<memory_resource> {
+                        ++resources_made;
+                        throw std::runtime_error("this test's cells never build a resource");
+                      }};
+
+TEST(BenchTimeLimit, ACellBegunAfterTheDeadlineIsSkippedWithoutBuildingOrRunning) {
+  options opts;
+  opts.time_limit_seconds = 90;
+  context ctx{opts, 0};
+  ctx.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  bool ran = false;
+  const std::vector<cell> cells = run_cells(counted, ctx, 3, [&](memory_resource&, stream&) {
+    ran = true;
+    return std::vector<cell>(3);
+  });
+  ASSERT_EQ(cells.size(), 3U);
+  for (const cell& c : cells) {
+    EXPECT_EQ(c.status, cell_status::skipped);
+    EXPECT_EQ(c.message, "not run: the run reached --time-limit-s 90");
+  }
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(resources_made.load(), 0);
+  // run_cell, which the one-column workloads use, the same.
+  EXPECT_EQ(run_cell(counted, ctx, [&](memory_resource&, stream&) { return cell{}; }).status, cell_status::skipped);
+  EXPECT_EQ(resources_made.load(), 0);
+}
+
+TEST(BenchTimeLimit, BeforeTheDeadlineTheCellIsBuiltAndRun) {
+  options opts;
+  opts.time_limit_seconds = 90;
+  context ctx{opts, 0};
+  ctx.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  const int before = resources_made.load();
+  const cell c = run_cell(counted, ctx, [&](memory_resource&, stream&) { return cell{}; });
+  EXPECT_EQ(resources_made.load(), before + 1);
+  EXPECT_EQ(c.status, cell_status::error);  // the subject's own exception, as a cell
+  EXPECT_EQ(c.message, "this test's cells never build a resource");
 }
 
 }  // namespace
