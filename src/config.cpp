@@ -70,6 +70,8 @@ constexpr option_kind options[] = {
      "free memory the pool keeps; above it, memory goes back to the device"},
     {"peers", value_kind::all_or_none, bit(base_id::async) | bit(base_id::vmm),
      "other devices that may use the pool's memory: all that can reach it (the default) or none"},
+    {"watch_captures", value_kind::none, bit(base_id::pool) | bit(base_id::vmm),
+     "skip the per-call capture query while no CUDA graph capture is in progress (the capture watch)"},
     {"limit", value_kind::size, any_base, "hard cap on live bytes (limiting_adaptor)"},
     {"defer", value_kind::none, any_base, "deferred frees (deferred_free_adaptor)"},
     {"track", value_kind::stacks_or_none, any_base, "tracking_adaptor; track=stacks records stacks"},
@@ -88,7 +90,7 @@ struct size_spec {
 struct parsed {
   const base_kind* base = nullptr;
   std::optional<size_spec> initial, maximum, min_chunk, max_chunk, release_threshold, limit;
-  bool defer = false, stats = false, track = false, track_stacks = false, sites = false;
+  bool defer = false, stats = false, track = false, track_stacks = false, sites = false, watch_captures = false;
   std::optional<bool> every_peer;  // peers=all / peers=none
   std::optional<std::string> log;
 };
@@ -248,6 +250,7 @@ parsed parse(std::string_view conf) {
     if (name == "defer") p.defer = true;
     if (name == "stats") p.stats = true;
     if (name == "sites") p.sites = true;
+    if (name == "watch_captures") p.watch_captures = true;
   }
   if (p.sites && !p.log) fail(conf, "option \"sites\" needs log=PATH");
   return p;
@@ -298,6 +301,7 @@ std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf
           if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
           if (p.min_chunk) o.min_chunk_bytes = resolve(*p.min_chunk, total);
           if (p.max_chunk) o.max_chunk_bytes = resolve(*p.max_chunk, total);
+          o.watch_captures = p.watch_captures;
           r = std::make_shared<pool_resource>(std::move(r), o);
         }
         break;
@@ -321,6 +325,7 @@ std::shared_ptr<memory_resource> make_resource_from_config(std::string_view conf
         if (p.maximum) o.maximum_bytes = resolve(*p.maximum, total);
         if (p.release_threshold) o.release_threshold_bytes = resolve(*p.release_threshold, total);
         if (p.every_peer) o.access_for_every_peer = *p.every_peer;
+        o.watch_captures = p.watch_captures;
         r = std::make_shared<vmm_pool_resource>(d, std::move(o));
         break;
       }

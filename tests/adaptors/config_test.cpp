@@ -20,6 +20,7 @@
 #include "gpumem/managed_resource.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
+#include "support/capture.hpp"
 #include "support/touch.hpp"
 
 namespace gpumem::test {
@@ -125,6 +126,36 @@ TEST(Config, TheDefaultBaseIsThePagedPoolWithABudget) {
   EXPECT_EQ(vmm->options().maximum_bytes, device_memory_info(0).total_bytes / 4);
   auto m = make_resource_from_config("vmm,maximum=1G", 0);
   EXPECT_EQ(dynamic_cast<vmm_pool_resource*>(m.get())->options().maximum_bytes, std::size_t{1} << 30);
+}
+
+// watch_captures: the pools hold the capture watch (docs/pool.md, "The capture watch")
+// and still refuse a stream under capture.
+TEST(Config, WatchCapturesTurnsOnThePoolsCaptureWatch) {
+  EXPECT_NE(error_of("async,watch_captures").find("applies to pool or vmm, not to base \"async\""), std::string::npos);
+  EXPECT_NE(error_of("cuda,watch_captures").find("applies to pool or vmm"), std::string::npos);
+  EXPECT_NE(error_of("default,watch_captures=yes").find("takes no value"), std::string::npos);
+  EXPECT_EQ(describe_config("default,watch_captures,stats"), "stats(default)");
+
+  auto unwatched = make_resource_from_config("default", 0);
+  EXPECT_FALSE(dynamic_cast<vmm_pool_resource&>(*unwatched).options().watch_captures);
+  auto r = make_resource_from_config("default,watch_captures", 0);
+  auto& vmm = dynamic_cast<vmm_pool_resource&>(*r);
+  EXPECT_TRUE(vmm.options().watch_captures);
+  stream s(0);
+  void* before = vmm.allocate(3 * MiB, s);
+  {
+    capture_on capture(s);
+    EXPECT_THROW((void)vmm.allocate(1000, s), logic_error);
+    EXPECT_THROW(vmm.deallocate(before, 3 * MiB, s), logic_error);
+  }
+  vmm.deallocate(before, 3 * MiB, s);
+  s.synchronize();
+  EXPECT_EQ(vmm.statistics().allocations, 0U);
+
+  auto p = make_resource_from_config("pool,watch_captures", 0);
+  auto& pool = dynamic_cast<pool_resource&>(*p);
+  EXPECT_TRUE(pool.options().watch_captures);
+  expect_capture_refused(pool, s);
 }
 
 TEST(Config, OptionsABaseDoesNotTakeAreRefused) {

@@ -12,6 +12,15 @@ def test_describe_config_names_the_stack():
     assert "stats(" in text and "pool" in text, text
 
 
+def test_watch_captures_is_a_flag_of_the_pools():
+    assert gpumem.describe_config("default", watch_captures=True) == "default"
+    mr = gpumem.make_resource("default", 0, watch_captures=True)
+    p = mr.allocate(1 << 20, None)
+    mr.deallocate(p, 1 << 20, None)
+    with pytest.raises(gpumem.LogicError, match="applies to pool or vmm"):
+        gpumem.make_resource("async", 0, watch_captures=True)
+
+
 def test_a_bad_string_is_a_logic_error_naming_the_token():
     with pytest.raises(gpumem.LogicError, match="heap"):
         gpumem.make_resource("heap")
