@@ -35,6 +35,12 @@ GPUMEM_EXPORT std::uint64_t injected_failures();
 // machine without peer access. Also GPUMEM_SIM_PEER_ACCESS=0|1 at start.
 GPUMEM_EXPORT void set_peer_access(bool enabled);
 
+// Whether a capture watch (gpumem/capture_watch.hpp) can start (default true).
+// false simulates a process whose one CUPTI subscription a profiler holds: a
+// watch started meanwhile stays inactive and says why, and the pools that asked
+// for it ask the driver on every call. A watch already running is not stopped.
+GPUMEM_EXPORT void set_capture_watch_available(bool available);
+
 // Bytes of a device's simulated memory in use (as the driver counts them, rounded up
 // to its allocation granularity).
 GPUMEM_EXPORT std::size_t used_bytes(int device);

@@ -96,6 +96,9 @@ void bind_system(nb::module_& m) {
           "Bytes of the device's simulated memory in use, as the driver counts them.");
   sim.def("live_allocations", &sim::live_allocations, nb::arg("device"),
           "Device allocations of the simulated device not yet freed, as the driver counts them.");
+  sim.def("set_capture_watch_available", &sim::set_capture_watch_available, nb::arg("available"),
+          "Whether a capture watch can start (default True); False stands for a profiler holding "
+          "CUPTI: a watch started meanwhile stays inactive and the pools ask the driver.");
   sim.def("driver_calls", &sim::driver_calls, nb::arg("entry_point"),
           "Calls gpumem has made through the driver entry point (as cuda.h names it, e.g. "
           "'cuStreamWaitEvent'), from every thread, since the simulator started.");

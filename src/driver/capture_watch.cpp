@@ -10,6 +10,7 @@
 #include "driver/driver.hpp"
 #include "gpumem/backend.hpp"
 #include "gpumem/error.hpp"
+#include "sim/sim_state.hpp"
 
 namespace gpumem {
 namespace detail {
@@ -71,7 +72,13 @@ capture_watch::capture_watch() {
     h.reason.clear();
     try {
       if (current_backend() == backend_kind::sim) {
-        h.source = "simulator";  // sim_stream.cpp reports its captures
+        (void)detail::driver();  // starts the simulator
+        const detail::simulator::sim_state* sim = detail::simulator::simulator_state();
+        if (sim != nullptr && !sim->capture_watch_available.load(std::memory_order_relaxed)) {
+          h.reason = "CUPTI has another subscriber (simulated: gpumem::sim::set_capture_watch_available(false))";
+        } else {
+          h.source = "simulator";  // sim_stream.cpp reports its captures
+        }
       } else {
         (void)detail::driver();  // the driver must load before CUPTI can watch it
         h.reason = detail::start_cupti_watch();

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "diagnose.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 
@@ -32,6 +33,14 @@ stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_p
   if (settings.refuse_capture && settings.watch_captures) {
     watch = std::make_unique<capture_watch>();
     watched = !watch->source().empty();
+    if (!watched) {
+      // Asked for (GPUMEM_CONF's watch_captures among others) and silently slower otherwise.
+      diagnosef(diagnostic_level::warning,
+                "gpumem::%s on device %d: watch_captures was asked for, but the capture watch did not start (%s); "
+                "the pool asks the driver whether its stream is captured on every call (docs/pool.md, \"The "
+                "capture watch\")\n",
+                name, device, watch->reason().c_str());
+    }
   }
   periodic_fences = settings.fence_interval != ~0U || settings.fence_bytes != ~std::size_t{0};
   if (settings.page_bytes != 0) {

@@ -58,6 +58,10 @@ void set_peer_access(bool enabled) {
   simulator("set_peer_access").peer_access.store(enabled, std::memory_order_relaxed);
 }
 
+void set_capture_watch_available(bool available) {
+  simulator("set_capture_watch_available").capture_watch_available.store(available, std::memory_order_relaxed);
+}
+
 std::size_t used_bytes(int device) { return device_of("used_bytes", device).memory.used_bytes(); }
 
 std::uint64_t driver_calls(std::string_view entry_point) {

@@ -42,6 +42,9 @@ class sim_state {
   // What cuDeviceCanAccessPeer answers for two different devices (GPUMEM_SIM_PEER_ACCESS,
   // gpumem::sim::set_peer_access).
   std::atomic<bool> peer_access;
+  // Whether a capture watch can start (gpumem::sim::set_capture_watch_available):
+  // false stands for a process whose CUPTI subscription a profiler holds.
+  std::atomic<bool> capture_watch_available{true};
 
   // cuInit: builds the devices (reserving their address space) the first time.
   // CUDA_ERROR_OUT_OF_MEMORY if the host cannot reserve it.

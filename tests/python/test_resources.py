@@ -1,5 +1,6 @@
 """Resources from Python: the contract calls, the pool, the current resource, memory_info."""
 
+import logging
 import threading
 
 import pytest
@@ -184,6 +185,20 @@ def test_sim_counts_driver_calls():
     assert gpumem.sim.driver_calls("cuMemFree") == frees + 1
     with pytest.raises(gpumem.LogicError, match="not a driver entry point"):
         gpumem.sim.driver_calls("cuNoSuchCall")
+
+
+@pytest.mark.sim_only
+def test_a_pool_whose_capture_watch_cannot_start_warns_and_works(caplog):
+    gpumem.sim.set_capture_watch_available(False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpumem"):
+            pool = gpumem.VmmPoolResource(0, watch_captures=True)
+    finally:
+        gpumem.sim.set_capture_watch_available(True)
+    said = [r.getMessage() for r in caplog.records if r.name == "gpumem" and r.levelno == logging.WARNING]
+    assert any("the capture watch did not start" in m and "another subscriber" in m for m in said), said
+    p = pool.allocate(1 << 20)
+    pool.deallocate(p, 1 << 20)
 
 
 def test_vmm_pool_small_and_large_allocations_statistics_and_release():

@@ -4,6 +4,7 @@
 // on every call. Note [The capture watch word] in src/driver/capture_watch_state.hpp.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 
 #include "driver/capture_watch_state.hpp"
@@ -14,6 +15,7 @@
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
+#include "gpumem/sim.hpp"
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
 #include "support/capture.hpp"
@@ -185,6 +187,48 @@ TEST(CaptureWatchStart, TheLastHolderStopsTheWatch) {
   begin_capture(s);
   EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
   end_capture(s);
+}
+
+// A pool that asked for the watch where it cannot start (a profiler holds CUPTI:
+// simulated) says so once, and refuses a capture all the same, by asking the driver.
+TEST(CaptureWatchStart, APoolWhoseWatchCannotStartSaysWhyAndAsksTheDriver) {
+  if (current_backend() != backend_kind::sim) GTEST_SKIP() << "the simulator stands in for a profiler holding CUPTI";
+  EXPECT_FALSE(no_capture()) << "no watch is held between tests";
+  sim::set_capture_watch_available(false);
+  struct available_again {
+    ~available_again() { sim::set_capture_watch_available(true); }
+  } restore;
+  cuda_resource upstream(0);
+  stream s(0);
+  for (bool paged : {false, true}) {
+    testing::internal::CaptureStderr();
+    std::unique_ptr<memory_resource> pool;
+    if (paged) {
+      vmm_pool_options o;
+      o.watch_captures = true;
+      pool = std::make_unique<vmm_pool_resource>(0, o);
+    } else {
+      pool_options o;
+      o.watch_captures = true;
+      pool = std::make_unique<pool_resource>(upstream, o);
+    }
+    const std::string said = testing::internal::GetCapturedStderr();
+    EXPECT_NE(said.find(paged ? "vmm_pool_resource on device 0: watch_captures was asked for, but the capture watch "
+                                "did not start (CUPTI has another subscriber"
+                              : "pool_resource on device 0: watch_captures was asked for"),
+              std::string::npos)
+        << said;
+    EXPECT_NE(said.find("asks the driver"), std::string::npos) << said;
+    EXPECT_FALSE(no_capture()) << "no watch started";
+    pool->deallocate(pool->allocate(1000, s), 1000, s);
+    begin_capture(s);
+    EXPECT_THROW((void)pool->allocate(1000, s), logic_error);
+    end_capture(s);
+    s.synchronize();
+  }
+  sim::set_capture_watch_available(true);
+  capture_watch again;
+  EXPECT_TRUE(again.active()) << "available again: the next watch starts";
 }
 
 }  // namespace
