@@ -71,8 +71,9 @@ capture_watch::capture_watch() {
     h.source.clear();
     h.reason.clear();
     try {
+      // The driver (or the simulator) must be up before anything can watch it.
+      (void)detail::driver();
       if (current_backend() == backend_kind::sim) {
-        (void)detail::driver();  // starts the simulator
         const detail::simulator::sim_state* sim = detail::simulator::simulator_state();
         if (sim != nullptr && !sim->capture_watch_available.load(std::memory_order_relaxed)) {
           h.reason = "CUPTI has another subscriber (simulated: gpumem::sim::set_capture_watch_available(false))";
@@ -80,7 +81,6 @@ capture_watch::capture_watch() {
           h.source = "simulator";  // sim_stream.cpp reports its captures
         }
       } else {
-        (void)detail::driver();  // the driver must load before CUPTI can watch it
         h.reason = detail::start_cupti_watch();
         if (h.reason.empty()) h.source = "CUPTI";
       }
