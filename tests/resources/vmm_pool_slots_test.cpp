@@ -198,6 +198,118 @@ TEST_F(VmmPoolSlots, ASlotWhosePagesSwapBackIsServedWithoutWaiting) {
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
 }
 
+// Page k of [p, p + pages * g) := first + k, queued on s.
+void fill_pages(void* p, std::size_t pages, std::size_t g, std::uint8_t first, stream& s) {
+  for (std::size_t k = 0; k < pages; ++k) {
+    device_fill(static_cast<char*>(p) + k * g, g, static_cast<std::uint8_t>(first + k), s);
+  }
+}
+
+// Pages of [p, p + pages * g) whose bytes are not all first + k (page k).
+std::size_t pages_not_filled(const void* p, std::size_t pages, std::size_t g, std::uint8_t first, stream& s) {
+  std::size_t wrong = 0;
+  for (std::size_t k = 0; k < pages; ++k) {
+    wrong += device_count_mismatches(static_cast<const char*>(p) + k * g, g, static_cast<std::uint8_t>(first + k), s) != 0;
+  }
+  return wrong;
+}
+
+TEST_F(VmmPoolSlots, ASlotTakesItsPagesBackARunAtATime) {
+  // A budget of four pages: the two two-page slots are stitched from the free
+  // four-page slot's pages, first to last (take_whole_slots), and it takes them
+  // back as two runs (Note [Swaps a run at a time]): every page's own handle
+  // comes back to its own place, so each page finds the bytes it held.
+  vmm_pool_options o;
+  const std::size_t g = vmm_pool_resource(0).page_bytes();
+  o.maximum_bytes = 4 * g;
+  vmm_pool_resource pool(0, o);
+  void* p = pool.allocate(4 * g, s);
+  fill_pages(p, 4, g, 1, s);
+  pool.deallocate(p, 4 * g, s);
+  void* q1 = pool.allocate(2 * g, s);
+  EXPECT_EQ(pages_not_filled(q1, 2, g, 1, s), 0U) << "q1 holds p's first two pages, in order";
+  void* q2 = pool.allocate(2 * g, s);
+  EXPECT_EQ(pages_not_filled(q2, 2, g, 3, s), 0U) << "q2 holds p's last two pages, in order";
+  pool.deallocate(q1, 2 * g, s);
+  pool.deallocate(q2, 2 * g, s);
+  const vmm_pool_statistics before = pool.statistics();
+  const std::size_t in_runs = detail::pool_inspector::pages_revived_in_runs(pool);
+  EXPECT_EQ(before.pages_created, 4U) << "the two-page slots made no page";
+  void* r = pool.allocate(4 * g, s);
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(pool.statistics().pages_revived, before.pages_revived + 4);
+  EXPECT_EQ(detail::pool_inspector::pages_revived_in_runs(pool), in_runs + 4) << "two runs of two";
+  EXPECT_EQ(pool.statistics().pages_moved, before.pages_moved) << "swaps only";
+  EXPECT_EQ(pages_not_filled(r, 4, g, 1, s), 0U) << "each page's own handle came back";
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  // And back again: the two-page slots are usable, a run each.
+  pool.deallocate(r, 4 * g, s);
+  EXPECT_EQ(pool.allocate(2 * g, s), q1);
+  EXPECT_EQ(pool.allocate(2 * g, s), q2);
+  EXPECT_EQ(detail::pool_inspector::pages_revived_in_runs(pool), in_runs + 8);
+  EXPECT_EQ(pages_not_filled(q1, 2, g, 1, s), 0U);
+  EXPECT_EQ(pages_not_filled(q2, 2, g, 3, s), 0U);
+  pool.deallocate(q1, 2 * g, s);
+  pool.deallocate(q2, 2 * g, s);
+  s.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
+TEST_F(VmmPoolSlots, ASlotInMoreRunsThanAreKeptIsSwappedPageByPage) {
+  // Eighteen one-page slots stitched from an eighteen-page slot's pages: taking
+  // it back is eighteen runs of one page, more than usable() keeps; it is still
+  // usable, and swapped page by page, each page's own handle to its own place.
+  constexpr std::size_t pages = 18;
+  vmm_pool_options o;
+  const std::size_t g = vmm_pool_resource(0).page_bytes();
+  o.maximum_bytes = pages * g;
+  vmm_pool_resource pool(0, o);
+  void* p = pool.allocate(pages * g, s);
+  fill_pages(p, pages, g, 1, s);
+  pool.deallocate(p, pages * g, s);
+  std::vector<void*> ones;
+  for (std::size_t k = 0; k < pages; ++k) ones.push_back(pool.allocate(g, s));
+  for (void* one : ones) pool.deallocate(one, g, s);
+  const vmm_pool_statistics before = pool.statistics();
+  const std::size_t in_runs = detail::pool_inspector::pages_revived_in_runs(pool);
+  void* r = pool.allocate(pages * g, s);
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(pool.statistics().pages_revived, before.pages_revived + pages);
+  EXPECT_EQ(detail::pool_inspector::pages_revived_in_runs(pool), in_runs) << "page by page";
+  EXPECT_EQ(pool.statistics().pages_moved, before.pages_moved) << "swaps only";
+  EXPECT_EQ(pages_not_filled(r, pages, g, 1, s), 0U);
+  pool.deallocate(r, pages * g, s);
+  s.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
+TEST_F(VmmPoolSlots, ARunEndsWhereItsPagesAreInUse) {
+  // The four-page slot's pages went to two two-page slots; the second is live.
+  // The first's run could come back, the second's cannot: the four-page slot is
+  // not usable, nothing is swapped, and the request gets a new slot.
+  vmm_pool_options o;
+  const std::size_t g = vmm_pool_resource(0).page_bytes();
+  o.maximum_bytes = 6 * g;
+  vmm_pool_resource pool(0, o);
+  void* p = pool.allocate(4 * g, s);
+  pool.deallocate(p, 4 * g, s);
+  void* q1 = pool.allocate(2 * g, s);
+  void* q2 = pool.allocate(2 * g, s);
+  EXPECT_EQ(pool.statistics().pages_created, 4U) << "both stitched from p's pages";
+  fill_pages(q2, 2, g, 7, s);
+  pool.deallocate(q1, 2 * g, s);
+  const vmm_pool_statistics before = pool.statistics();
+  void* r = pool.allocate(4 * g, s);
+  EXPECT_NE(r, p) << "p's last two pages are in use";
+  EXPECT_EQ(pool.statistics().pages_revived, before.pages_revived) << "no swap";
+  EXPECT_EQ(pages_not_filled(q2, 2, g, 7, s), 0U) << "the live slot kept its pages";
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  pool.deallocate(r, 4 * g, s);
+  pool.deallocate(q2, 2 * g, s);
+  s.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
 TEST_F(VmmPoolSlots, ALoopWhoseStepsVarySettles) {
   vmm_pool_resource pool(0);
   const std::size_t g = pool.page_bytes();
