@@ -117,7 +117,6 @@ struct alignas(64) arena {
   // Paged pools: pages taken back by a place of this arena that they had left
   // (swaps), ever; counted under the lock, not on a word every thread writes.
   std::uint64_t pages_revived = 0;
-  std::uint64_t pages_revived_in_runs = 0;  // of those, swapped a run at a time (src/vmm/slot_runs.cpp)
   // Paged pools: `frees` when another stream last saw it change, and when
   // (steady_clock ns); a stream that has freed nothing for a while is idle, and
   // its free pages may go to others (src/vmm/page_backing.cpp).

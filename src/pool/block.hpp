@@ -153,19 +153,6 @@ struct chunk {
     return true;
   }
   void set_ready(std::size_t i, bool on) noexcept { set_bit(ready, i, on); }
-  // Sets or clears the ready bits of pages [from, to): a word at a time.
-  void set_ready_run(std::size_t from, std::size_t to, bool on) noexcept {
-    for (std::size_t i = from; i < to;) {
-      const std::size_t stop = std::min(to, (i | 63) + 1);
-      const std::uint64_t mask = run_mask(stop - i) << (i & 63);
-      if (on) ready[i >> 6] |= mask;
-      else ready[i >> 6] &= ~mask;
-      i = stop;
-    }
-  }
-  // The first page in [from, to) whose ready bit is `on` (busy bit: first_busy), else `to`.
-  std::size_t first_ready(std::size_t from, std::size_t to, bool on) const noexcept { return first_of(ready, from, to, on); }
-  std::size_t first_busy(std::size_t from, std::size_t to) const noexcept { return first_of(busy, from, to, true); }
   void set_busy(std::size_t i, bool on) noexcept { set_bit(busy, i, on); }
 
  private:
@@ -176,17 +163,6 @@ struct chunk {
   static void set_bit(std::vector<std::uint64_t>& words, std::size_t i, bool on) noexcept {
     if (on) words[i >> 6] |= std::uint64_t{1} << (i & 63);
     else words[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
-  }
-  // The first bit equal to `on` among bits [from, to) of `words`, else `to`.
-  static std::size_t first_of(const std::vector<std::uint64_t>& words, std::size_t from, std::size_t to, bool on) noexcept {
-    for (std::size_t i = from; i < to;) {
-      const std::size_t stop = std::min(to, (i | 63) + 1);
-      const std::uint64_t w = on ? words[i >> 6] : ~words[i >> 6];
-      const std::uint64_t bits = (w >> (i & 63)) & run_mask(stop - i);
-      if (bits != 0) return i + static_cast<std::size_t>(std::countr_zero(bits));
-      i = stop;
-    }
-    return to;
   }
   // The n low bits set (1 <= n <= 64).
   static std::uint64_t run_mask(std::size_t n) noexcept {

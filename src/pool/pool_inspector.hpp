@@ -23,9 +23,6 @@ struct GPUMEM_EXPORT pool_inspector {
   // Empty when every invariant holds, else a description of the first violation.
   static std::string violations(pool_resource& pool);
   static std::string violations(vmm_pool_resource& pool);
-  // Of the pool's pages_revived, those swapped a run at a time (Note [Swaps a
-  // run at a time], src/vmm/slot_runs.cpp).
-  static std::size_t pages_revived_in_runs(vmm_pool_resource& pool);
   // The bytes requested for ptr when it is a live allocation of the pool, else 0.
   static std::size_t live_requested_bytes(const pool_resource& pool, const void* ptr);
 

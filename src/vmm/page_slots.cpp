@@ -82,6 +82,32 @@ vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, cons
   return f;
 }
 
+bool vmm_pool_resource::impl::usable(arena& a, block* s) {
+  const chunk& c = *s->owner;
+  const auto [first, end] = pages_of(s);
+  return c.for_each_unready(first, end, [&](std::size_t i) {
+    // What keeps the page's handle from this slot, when the arena's lock alone
+    // can tell that it still does: a busy page or a live slot of this arena,
+    // or no handle at all. The first found is the slot's wait (Note [Slots
+    // known to wait]). A handle in another arena or on its way is not known:
+    // the look stops there too, without a wait (looking on for one cost more
+    // pages looked at than the waits it found saved).
+    const page_home* h = c.home_at[i];  // null exactly where no handle is mapped
+    if (h == nullptr) {
+      s->wait_seen = {&chunk::never_changes, chunk::never_changes};
+      return false;
+    }
+    const page_ref there = h->primary.load();
+    if (there.c == nullptr || there.c->owner != &a) return false;
+    if (!there.c->page_busy(there.index)) return true;  // a swap
+    std::uint64_t* word =
+        there.c->for_slots ? &there.c->slot_at[there.index]->uses : &there.c->uses[there.index].busy_mark;
+    *word |= detail::waited_on;  // its change wakes the free slots (Note [Slots known to wait])
+    s->wait_seen = {word, *word};
+    return false;
+  });
+}
+
 void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
   page_home& h = *c.home_at[i];
   const page_ref there = h.primary.load();
@@ -166,9 +192,7 @@ std::size_t vmm_pool_resource::impl::take_whole_slots(arena& a, std::size_t coun
     have.erase(have.begin() + static_cast<std::ptrdiff_t>(pick));
     chunk& c = *y->owner;
     const auto [first, end] = pages_of(y);
-    // First to last: the slot that takes them holds them in order, a run
-    // (Note [Swaps a run at a time], slot_runs.cpp).
-    for (std::size_t i = first; i < end && got < count; ++i) {
+    for (std::size_t i = end; i-- > first && got < count;) {
       if (!c.is_ready(i)) continue;
       take_page(a, c, i, out);
       ++got;
@@ -242,21 +266,16 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, s
   // a loop makes it the same way at every step (the hot paths take the
   // lowest-addressed free slot past those that wait only when it is ready: the
   // same choice). Its aliases take their handles back: swaps, no driver call.
-  slot_runs runs;
-  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable(a, y, runs); });
+  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable(a, y); });
   if (s == nullptr) return nullptr;
+  chunk& c = *s->owner;
+  const auto [first, end] = pages_of(s);
   std::size_t swaps = 0;
-  if (runs.complete) {
-    swaps = swap_runs(a, s, runs);
-  } else {
-    chunk& c = *s->owner;
-    const auto [first, end] = pages_of(s);
-    c.for_each_unready(first, end, [&](std::size_t i) {
-      take_back(c, i);
-      ++swaps;
-      return true;
-    });
-  }
+  c.for_each_unready(first, end, [&](std::size_t i) {
+    take_back(c, i);
+    ++swaps;
+    return true;
+  });
   a.pages_revived += swaps;
   return s;
 }

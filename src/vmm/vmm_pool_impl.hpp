@@ -8,7 +8,6 @@
 //                     where they go back.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -120,27 +119,9 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // another arena).
   enum class page_use { ready, swap, conflict };
   page_use use_of(arena& a, const chunk& c, std::size_t i) const;
-  // The pages of a free slot that come back by swaps, a run at a time (Note
-  // [Swaps a run at a time], slot_runs.cpp): pages [here, here + n) of the
-  // slot hold the handles primary on pages [there, there + n) of `at`.
-  struct slot_runs {
-    struct run {
-      chunk* at;
-      std::size_t here, there, n;
-    };
-    std::array<run, 16> runs;
-    std::size_t count = 0;
-    bool complete = true;  // false: more runs than fit, swapped page by page
-  };
-  // Whether the free slot `s` can be used without a driver call (every page
-  // that is not ready is a swap), with its swaps in `runs`; else records in
-  // s->wait_seen what the first page it can tell of waits for.
-  bool usable(arena& a, block* s, slot_runs& runs);
-  // Where the handle of page i of s is primary, when taking it back is a swap;
-  // else no place, and the wait recorded in s->wait_seen when known.
-  page_ref swap_place(arena& a, block* s, std::size_t i);
-  // Swaps `runs` (usable()'s, complete) back into s; returns the pages.
-  std::size_t swap_runs(arena& a, block* s, const slot_runs& runs);
+  // Whether the free slot `s` can be used without a driver call (no conflict);
+  // else records in s->wait_seen what the first page it can tell of waits for.
+  bool usable(arena& a, block* s);
   // allocate_slot's work: a usable or repaired free slot, else a new one.
   void* find_slot(arena& a, const detail::pool_request& r);
   // The free slot of `size` that needs swaps within `a` only, swapped and out
