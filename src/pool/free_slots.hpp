@@ -21,6 +21,17 @@
 // Skipping never changes the choice: a slot skipped is one that waiting()
 // would pass.
 //
+// Note [A lone free slot]
+// A size with one free slot is the common case of a loop that frees a large
+// buffer and asks for it again (W1's large column): the row would be searched
+// and grown to hold the slot, then searched and shrunk to give it back. So the
+// last slot pushed into an empty row waits beside it instead (lone_), counted
+// and visited as a slot of that row; the next push settles it into its row
+// first, and so do the paths that search rows (pop_lowest_accepted, peek). The
+// hot path's take (pop_first_ready) takes it without the row: it is the
+// lowest, and the only, free slot of its size. Every answer is the one the row
+// would give.
+//
 // A slot records one wait, not one per page that cannot be used: the first
 // it found, which is enough to know that the slot cannot be used while it
 // holds. When it ends, usable() looks at the slot again (and stops at the
@@ -46,7 +57,8 @@ class free_slots {
  public:
   // The free slot of exactly `size` bytes at the lowest address past those
   // known to wait (Note [Slots known to wait]), left in place, or null.
-  block* peek(std::size_t size) noexcept {
+  block* peek(std::size_t size) {
+    settle_lone();
     row* r = find(size);
     if (r == nullptr) return nullptr;
     const std::size_t skip = known_waiting(*r);
@@ -55,17 +67,26 @@ class free_slots {
 
   void push(block* b) {
     b->wait_seen = {};  // what kept it waiting before it was last handed out is gone
+    settle_lone();      // first: its row is then not empty, and keeps its entry
     row& r = find_or_make(b->size);
-    const auto at = r.items.begin() + static_cast<std::ptrdiff_t>(higher_count(r, b->address));
-    // Slots below the new one that were known to wait still are.
-    r.known_waiting = std::min(r.known_waiting, static_cast<std::size_t>(r.items.end() - at));
-    r.items.insert(at, item{b->address, b});
     ++count_;
     bytes_ += b->size;
+    if (r.items.empty()) {
+      lone_ = b;  // Note [A lone free slot]
+      lone_row_ = &r;
+      return;
+    }
+    place(r, b);
   }
 
   // Removes `b`, a free slot of this cache.
   void remove(block* b) noexcept {
+    if (b == lone_) {
+      lone_ = nullptr;
+      --count_;
+      bytes_ -= b->size;
+      return;
+    }
     row* r = find(b->size);
     if (r == nullptr) return;
     const auto it = r->items.begin() + static_cast<std::ptrdiff_t>(higher_count(*r, b->address));
@@ -78,6 +99,7 @@ class free_slots {
   // slots that still wait (waiting), until one is taken; the others stay.
   template <class F>
   block* pop_lowest_accepted(std::size_t size, F&& accept) {
+    settle_lone();
     row* r = find(size);
     if (r == nullptr) return nullptr;
     bool all_wait = true;  // every slot below `it` waits
@@ -97,6 +119,19 @@ class free_slots {
   // (the hot path's slot cache hit).
   template <class F>
   block* pop_first_ready(std::size_t size, F&& ready) {
+    if (lone_ != nullptr && lone_->size == size) {
+      // The only free slot of its size (Note [A lone free slot]); one that
+      // waits goes to its row, to be counted among the known waiters there.
+      if (!lone_->wait_seen.holds()) {
+        if (!ready(lone_)) return nullptr;
+        block* b = lone_;
+        lone_ = nullptr;
+        --count_;
+        bytes_ -= b->size;
+        return b;
+      }
+      settle_lone();
+    }
     row* r = find(size);
     if (r == nullptr) return nullptr;
     for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
@@ -114,19 +149,23 @@ class free_slots {
 
   // How many free slots of exactly `size` bytes there are.
   std::size_t count_of(std::size_t size) noexcept {
+    const std::size_t lone = lone_ != nullptr && lone_->size == size ? 1 : 0;
     row* r = find(size);
-    return r == nullptr ? 0 : r->items.size();
+    return (r == nullptr ? 0 : r->items.size()) + lone;
   }
 
   // Calls f(slot) on every free slot until it returns true.
   template <class F>
   void for_each_until(F&& f) const {
+    // The lone slot where its row is (Note [A lone free slot]), so the order is the rows'.
     for (const entry& e : direct_) {
+      if (&e.r == lone_row_ && lone_ != nullptr && f(lone_)) return;
       for (const item& x : e.r.items) {
         if (f(x.b)) return;
       }
     }
     for (const auto& [size, r] : overflow_) {
+      if (&r == lone_row_ && lone_ != nullptr && f(lone_)) return;
       for (const item& x : r.items) {
         if (f(x.b)) return;
       }
@@ -136,6 +175,7 @@ class free_slots {
   // Calls f(slot) on every free slot of exactly `size` bytes, highest address first.
   template <class F>
   void for_each_of(std::size_t size, F&& f) {
+    if (lone_ != nullptr && lone_->size == size) f(lone_);  // its row is empty
     row* r = find(size);
     if (r == nullptr) return;
     for (const item& x : r->items) f(x.b);
@@ -182,6 +222,20 @@ class free_slots {
     }
     return r.known_waiting;
   }
+  // Puts b into r in address order (out of line: the hot paths that call it
+  // stay small enough to be inlined where the lone slot serves).
+  [[gnu::noinline]] void place(row& r, block* b) {
+    const auto at = r.items.begin() + static_cast<std::ptrdiff_t>(higher_count(r, b->address));
+    // Slots below the new one that were known to wait still are.
+    r.known_waiting = std::min(r.known_waiting, static_cast<std::size_t>(r.items.end() - at));
+    r.items.insert(at, item{b->address, b});
+  }
+  // The lone slot into its row (Note [A lone free slot]).
+  void settle_lone() {
+    if (lone_ == nullptr) return;
+    place(*lone_row_, lone_);
+    lone_ = nullptr;
+  }
   // Whether the slot of `x` still cannot be used, as far as its recorded wait tells.
   static bool waiting(const item& x) noexcept { return x.b->wait_seen.holds(); }
   block* take(row& r, std::vector<item>::iterator at) noexcept {
@@ -226,6 +280,9 @@ class free_slots {
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
   std::uint64_t wakes_ = 0;
+  // The last slot pushed into an empty row, and that row (Note [A lone free slot]).
+  block* lone_ = nullptr;
+  row* lone_row_ = nullptr;
 };
 
 }  // namespace gpumem::detail

@@ -169,6 +169,89 @@ TEST(FreeSlots, SizesKeepRowsOfTheirOwn) {
   EXPECT_EQ(slots.bytes(), 6 * page);
 }
 
+// Note [A lone free slot]: the only free slot of its size waits beside its row,
+// and every question about the row answers as if it were in it.
+TEST(FreeSlots, ALoneSlotIsCountedVisitedAndTakenAsItsRowsSlot) {
+  segment seg(8);
+  free_slots slots;
+  slots.push(seg.at(5));
+  EXPECT_EQ(slots.count(), 1U);
+  EXPECT_EQ(slots.count_of(page), 1U);
+  EXPECT_EQ(slots.bytes(), page);
+  std::vector<std::size_t> seen;
+  slots.for_each_until([&](const block* b) {
+    seen.push_back(seg.index(b));
+    return false;
+  });
+  EXPECT_EQ(seen, (std::vector<std::size_t>{5}));
+  seen.clear();
+  slots.for_each_of(page, [&](const block* b) { seen.push_back(seg.index(b)); });
+  EXPECT_EQ(seen, (std::vector<std::size_t>{5}));
+  // A second slot of the size, lower: both in the row, the lower first.
+  slots.push(seg.at(2));
+  EXPECT_EQ(slots.count_of(page), 2U);
+  EXPECT_EQ(first_ready(slots), seg.at(2));
+  EXPECT_EQ(first_ready(slots), seg.at(5));
+  EXPECT_EQ(first_ready(slots), nullptr);
+  EXPECT_EQ(slots.count(), 0U);
+  // Alone again: removed, and taken only when ready.
+  slots.push(seg.at(3));
+  slots.remove(seg.at(3));
+  EXPECT_EQ(slots.count(), 0U);
+  EXPECT_EQ(first_ready(slots), nullptr);
+  slots.push(seg.at(3));
+  EXPECT_EQ(slots.pop_first_ready(page, [](const block*) { return false; }), nullptr);
+  EXPECT_EQ(slots.count(), 1U) << "not ready: it stays";
+  EXPECT_EQ(first_ready(slots), seg.at(3));
+}
+
+TEST(FreeSlots, ALoneSlotThatWaitsIsPassedAndKnownToWait) {
+  segment seg(4);
+  free_slots slots;
+  slots.push(seg.at(1));
+  seg.wait(1);
+  EXPECT_EQ(first_ready(slots), nullptr);
+  EXPECT_EQ(slots.count_of(page), 1U);
+  // A slot freed above it is the first ready one; the waiter stays.
+  slots.push(seg.at(3));
+  EXPECT_EQ(first_ready(slots), seg.at(3));
+  ++seg.words[1];
+  slots.wake();
+  EXPECT_EQ(first_ready(slots), seg.at(1));
+  EXPECT_EQ(slots.count(), 0U);
+}
+
+TEST(FreeSlots, ALoneSlotKeepsItsRowWhenAnotherSizeSharesItsTableEntry) {
+  // Two sizes that the row table puts in one entry: the second takes a row of
+  // its own elsewhere, and the first keeps its entry while it is alone.
+  auto entry_of = [](std::size_t size) { return ((size >> 8) * 0x9E3779B97F4A7C15ULL) >> (64 - 6); };
+  std::size_t other = 2 * page;
+  while (entry_of(other) != entry_of(page)) other += page;
+  segment seg(6);
+  seg.blocks[4].size = other;
+  seg.blocks[5].size = other;
+  free_slots slots;
+  slots.push(seg.at(0));  // alone in its row
+  slots.push(seg.at(4));  // the other size, into the same entry's place
+  EXPECT_EQ(slots.count_of(page), 1U);
+  EXPECT_EQ(slots.count_of(other), 1U);
+  EXPECT_EQ(slots.peek(page), seg.at(0));
+  EXPECT_EQ(slots.peek(other), seg.at(4));
+  slots.push(seg.at(5));
+  slots.push(seg.at(1));
+  EXPECT_EQ(slots.count_of(page), 2U);
+  EXPECT_EQ(slots.count_of(other), 2U);
+  std::multiset<std::size_t> seen;
+  slots.for_each_until([&](const block* b) {
+    seen.insert(seg.index(b));
+    return false;
+  });
+  EXPECT_EQ(seen, (std::multiset<std::size_t>{0, 1, 4, 5}));
+  EXPECT_EQ(slots.pop_first_ready(other, [](const block*) { return true; }), seg.at(4));
+  EXPECT_EQ(first_ready(slots), seg.at(0));
+  EXPECT_EQ(slots.bytes(), page + other);
+}
+
 // chunk::all_ready, which every allocation of a paged pool asks, against the
 // bits one by one: ranges within a word, across two, and across several.
 TEST(PageBitmap, AllReadyAgreesWithTheBitsOneByOne) {
