@@ -82,7 +82,9 @@ class free_slots {
   // Removes `b`, a free slot of this cache.
   void remove(block* b) noexcept {
     if (b == lone_) {
-      take_lone();
+      lone_ = nullptr;
+      --count_;
+      bytes_ -= b->size;
       return;
     }
     row* r = find(b->size);
@@ -120,7 +122,14 @@ class free_slots {
     if (lone_ != nullptr && lone_->size == size) {
       // The only free slot of its size (Note [A lone free slot]); one that
       // waits goes to its row, to be counted among the known waiters there.
-      if (!lone_->wait_seen.holds()) return ready(lone_) ? take_lone() : nullptr;
+      if (!lone_->wait_seen.holds()) {
+        if (!ready(lone_)) return nullptr;
+        block* b = lone_;
+        lone_ = nullptr;
+        --count_;
+        bytes_ -= b->size;
+        return b;
+      }
       settle_lone();
     }
     row* r = find(size);
@@ -220,14 +229,6 @@ class free_slots {
     // Slots below the new one that were known to wait still are.
     r.known_waiting = std::min(r.known_waiting, static_cast<std::size_t>(r.items.end() - at));
     r.items.insert(at, item{b->address, b});
-  }
-  // The lone slot, out of the cache.
-  block* take_lone() noexcept {
-    block* b = lone_;
-    lone_ = nullptr;
-    --count_;
-    bytes_ -= b->size;
-    return b;
   }
   // The lone slot into its row (Note [A lone free slot]).
   void settle_lone() {
