@@ -10,13 +10,14 @@
 // A size's lowest free slots are often ones whose pages are in use elsewhere
 // (stitched into a later slot), and every request of the size would pass them
 // one by one, a load of their recorded wait each. Instead each row remembers
-// how many of its lowest slots were all seen waiting (known_waiting) and skips
-// them without a look, for as long as none of their waits can have ended.
+// the key (Note [Free slots in bitmaps]) below which every slot was seen
+// waiting (waiting_below) and skips those slots without a look, for as long as
+// none of their waits can have ended; a slot freed below that key lowers it.
 // A wait ends only when its word changes (block::wait_seen): the busy mark of
 // a page in use falls back, or a live slot is freed. The wait's recorder marks
 // the word (waited_on); the change that clears the mark (a page's busy bit set
 // or cleared, cache_slot) calls wake(), and a row that has seen a wake since it
-// counted forgets its count. The words are the arena's own (usable() records
+// looked forgets what it learned. The words are the arena's own (usable() records
 // none of another arena's), so a wake is under the same lock as the rows.
 // Skipping never changes the choice: a slot skipped is one that waiting()
 // would pass.
@@ -24,7 +25,7 @@
 // Note [A lone free slot]
 // A size with one free slot is the common case of a loop that frees a large
 // buffer and asks for it again (W1's large column): the row would be searched
-// and grown to hold the slot, then searched and shrunk to give it back. So the
+// to hold the slot, then searched again to give it back. So the
 // last slot pushed into an empty row waits beside it instead (lone_), counted
 // and visited as a slot of that row; the next push settles it into its row
 // first, and so do the paths that search rows (pop_lowest_accepted, peek). The
@@ -44,6 +45,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -61,8 +63,8 @@ class free_slots {
     settle_lone();
     row* r = find(size);
     if (r == nullptr) return nullptr;
-    const std::size_t skip = known_waiting(*r);
-    return skip < r->items.size() ? r->items[r->items.size() - 1 - skip].b : nullptr;
+    const cursor c = first_from(*r, known_waiting(*r));
+    return c.valid() ? c.slot() : nullptr;
   }
 
   void push(block* b) {
@@ -71,7 +73,7 @@ class free_slots {
     row& r = find_or_make(b->size);
     ++count_;
     bytes_ += b->size;
-    if (r.items.empty()) {
+    if (r.count == 0) {
       lone_ = b;  // Note [A lone free slot]
       lone_row_ = &r;
       return;
@@ -89,9 +91,11 @@ class free_slots {
     }
     row* r = find(b->size);
     if (r == nullptr) return;
-    const auto it = r->items.begin() + static_cast<std::ptrdiff_t>(higher_count(*r, b->address));
-    if (it == r->items.end() || it->b != b) return;
-    take(*r, it);
+    const std::uintptr_t k = key(*r, b);
+    const std::size_t at = leaf_position(*r, k >> leaf_shift);
+    if (at == r->leaves.size() || r->leaves[at].index != k >> leaf_shift) return;
+    if ((r->leaves[at].bits & bit(k)) == 0 || r->at[at][k & leaf_mask] != b) return;
+    take(*r, at, k);
   }
 
   // Removes and returns the free slot of exactly `size` bytes at the lowest
@@ -102,14 +106,15 @@ class free_slots {
     settle_lone();
     row* r = find(size);
     if (r == nullptr) return nullptr;
-    bool all_wait = true;  // every slot below `it` waits
-    for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
-      if (!waiting(*it)) {
-        if (accept(it->b)) return take(*r, std::next(it).base());
+    bool all_wait = true;  // every slot below the one visited waits
+    for (cursor c = first_from(*r, known_waiting(*r)); c.valid(); c = next_of(*r, c)) {
+      block* const b = c.slot();
+      if (!waiting(b)) {
+        if (accept(b)) return take(*r, c.at, c.k);
         // accept recorded why not (usable): known to wait when a wait holds.
-        all_wait = all_wait && waiting(*it);
+        all_wait = all_wait && waiting(b);
       }
-      r->known_waiting += all_wait;
+      if (all_wait) r->waiting_below = c.k + 1;
     }
     return nullptr;
   }
@@ -134,12 +139,13 @@ class free_slots {
     }
     row* r = find(size);
     if (r == nullptr) return nullptr;
-    for (auto it = r->items.rbegin() + static_cast<std::ptrdiff_t>(known_waiting(*r)); it != r->items.rend(); ++it) {
-      if (waiting(*it)) {
-        ++r->known_waiting;
+    for (cursor c = first_from(*r, known_waiting(*r)); c.valid(); c = next_of(*r, c)) {
+      block* const b = c.slot();
+      if (waiting(b)) {
+        r->waiting_below = c.k + 1;
         continue;
       }
-      return ready(it->b) ? take(*r, std::next(it).base()) : nullptr;
+      return ready(b) ? take(*r, c.at, c.k) : nullptr;
     }
     return nullptr;
   }
@@ -151,7 +157,7 @@ class free_slots {
   std::size_t count_of(std::size_t size) noexcept {
     const std::size_t lone = lone_ != nullptr && lone_->size == size ? 1 : 0;
     row* r = find(size);
-    return (r == nullptr ? 0 : r->items.size()) + lone;
+    return (r == nullptr ? 0 : r->count) + lone;
   }
 
   // Calls f(slot) on every free slot until it returns true.
@@ -160,15 +166,11 @@ class free_slots {
     // The lone slot where its row is (Note [A lone free slot]), so the order is the rows'.
     for (const entry& e : direct_) {
       if (&e.r == lone_row_ && lone_ != nullptr && f(lone_)) return;
-      for (const item& x : e.r.items) {
-        if (f(x.b)) return;
-      }
+      if (each_highest_first(e.r, f)) return;
     }
     for (const auto& [size, r] : overflow_) {
       if (&r == lone_row_ && lone_ != nullptr && f(lone_)) return;
-      for (const item& x : r.items) {
-        if (f(x.b)) return;
-      }
+      if (each_highest_first(r, f)) return;
     }
   }
 
@@ -178,57 +180,114 @@ class free_slots {
     if (lone_ != nullptr && lone_->size == size) f(lone_);  // its row is empty
     row* r = find(size);
     if (r == nullptr) return;
-    for (const item& x : r->items) f(x.b);
+    each_highest_first(*r, [&](block* b) {
+      f(b);
+      return false;
+    });
   }
 
   std::size_t count() const noexcept { return count_; }
   std::size_t bytes() const noexcept { return bytes_; }
 
  private:
-  // A size's free slots, highest address first, each with its address beside it
-  // (ordering them reads no block; 16 bytes, so that a search and an insert
-  // touch few cache lines). The lowest is taken from the end and mostly put
-  // back there; a slot freed is placed by a binary search. The last
-  // known_waiting items were all seen waiting, with no wake since wakes_seen
-  // (Note [Slots known to wait]).
-  struct item {
-    std::uintptr_t address;
-    block* b;
+  // Note [Free slots in bitmaps]
+  // A size's free slots are a set of keys, key = address >> shift with shift =
+  // floor(log2(size)): slots never overlap (each holds its pages for life), so
+  // the addresses of a size's slots lie at least `size` >= 2^shift apart and
+  // the keys are distinct and in address order. The keys sit in leaves of 64 (a bit each, and the slot beside it),
+  // the leaves highest first, so the lowest slot is at the back: a free places
+  // its slot with a search over leaves (few: a leaf spans 64 slots' worth of
+  // addresses) and a bit, where a sorted array of slots moved half its items
+  // on every free of W2's random order (docs/benchmarks.md). Keys below
+  // waiting_below were all seen waiting, with no wake since wakes_seen (Note
+  // [Slots known to wait]).
+  static constexpr unsigned leaf_shift = 6;
+  static constexpr std::uintptr_t leaf_mask = (std::uintptr_t{1} << leaf_shift) - 1;
+  struct leaf {
+    std::uintptr_t index = 0;  // key >> leaf_shift
+    std::uint64_t bits = 0;    // bit j: a free slot with key index * 64 + j
   };
+  using leaf_slots = std::array<block*, std::size_t{1} << leaf_shift>;
   struct row {
-    std::vector<item> items;
-    std::size_t known_waiting = 0;
+    // Highest index first, each with its slots beside it (at[i] for leaves[i]).
+    // A leaf stays when its last slot leaves: the addresses of a size's slots
+    // are reused, and a leaf made and dropped on every turn cost more than it
+    // holds (a leaf is dropped when its entry goes to another size).
+    std::vector<leaf> leaves;
+    std::vector<leaf_slots> at;
+    std::size_t count = 0;
+    unsigned shift = 0;
+    std::uintptr_t waiting_below = 0;
     std::uint64_t wakes_seen = 0;
   };
-  // How many of r's slots lie above `address`: where a slot there goes. A
-  // search without branches on the data (a row's order is random to the
-  // branch predictor, whose misses cost a slot's free more than the rest of it).
-  static std::size_t higher_count(const row& r, std::uintptr_t address) noexcept {
-    std::size_t n = r.items.size();
+  // A free slot of a row: its leaf's position and its key.
+  struct cursor {
+    const row* r = nullptr;
+    std::size_t at = 0;
+    std::uintptr_t k = 0;
+    bool valid() const noexcept { return r != nullptr; }
+    block* slot() const noexcept { return r->at[at][k & leaf_mask]; }
+  };
+  static std::uint64_t bit(std::uintptr_t k) noexcept { return std::uint64_t{1} << (k & leaf_mask); }
+  static std::uintptr_t key(const row& r, const block* b) noexcept { return b->address >> r.shift; }
+  // How many of r's leaves lie above leaf `index`: where leaf `index` is, or goes.
+  // A search without branches on the data (the order of frees is random to the
+  // branch predictor).
+  static std::size_t leaf_position(const row& r, std::uintptr_t index) noexcept {
+    std::size_t n = r.leaves.size();
     if (n == 0) return 0;
-    const item* base = r.items.data();
+    const leaf* base = r.leaves.data();
     while (n > 1) {
       const std::size_t half = n / 2;
-      // A mask, not a conditional, which compilers turn into a branch.
-      base += half & (std::size_t{0} - static_cast<std::size_t>(base[half - 1].address > address));
+      base += half & (std::size_t{0} - static_cast<std::size_t>(base[half - 1].index > index));
       n -= half;
     }
-    return static_cast<std::size_t>(base - r.items.data()) + (base->address > address ? 1 : 0);
+    return static_cast<std::size_t>(base - r.leaves.data()) + (base->index > index ? 1 : 0);
   }
-  std::size_t known_waiting(row& r) const noexcept {
+  // The lowest free slot of r with a key of at least `from`, or none.
+  static cursor first_from(const row& r, std::uintptr_t from) noexcept {
+    for (std::size_t at = r.leaves.size(); at-- > 0;) {
+      const leaf& l = r.leaves[at];
+      if (((l.index + 1) << leaf_shift) <= from) continue;  // wholly below
+      std::uint64_t bits = l.bits;
+      if ((from >> leaf_shift) == l.index) bits &= ~std::uint64_t{0} << (from & leaf_mask);
+      if (bits != 0) return {&r, at, (l.index << leaf_shift) | static_cast<std::uintptr_t>(std::countr_zero(bits))};
+    }
+    return {};
+  }
+  static cursor next_of(const row& r, const cursor& c) noexcept { return first_from(r, c.k + 1); }
+  template <class F>
+  static bool each_highest_first(const row& r, F&& f) {
+    for (std::size_t i = 0; i < r.leaves.size(); ++i) {
+      for (std::uint64_t bits = r.leaves[i].bits; bits != 0;) {
+        const unsigned j = 63U - static_cast<unsigned>(std::countl_zero(bits));
+        bits &= ~(std::uint64_t{1} << j);
+        if (f(r.at[i][j])) return true;
+      }
+    }
+    return false;
+  }
+  std::uintptr_t known_waiting(row& r) const noexcept {
     if (r.wakes_seen != wakes_) {
       r.wakes_seen = wakes_;
-      r.known_waiting = 0;
+      r.waiting_below = 0;
     }
-    return r.known_waiting;
+    return r.waiting_below;
   }
-  // Puts b into r in address order (out of line: the hot paths that call it
-  // stay small enough to be inlined where the lone slot serves).
+  // Puts b into r (out of line: the hot paths that call it stay small enough
+  // to be inlined where the lone slot serves).
   [[gnu::noinline]] void place(row& r, block* b) {
-    const auto at = r.items.begin() + static_cast<std::ptrdiff_t>(higher_count(r, b->address));
+    const std::uintptr_t k = key(r, b);
     // Slots below the new one that were known to wait still are.
-    r.known_waiting = std::min(r.known_waiting, static_cast<std::size_t>(r.items.end() - at));
-    r.items.insert(at, item{b->address, b});
+    r.waiting_below = std::min(r.waiting_below, k);
+    const std::size_t at = leaf_position(r, k >> leaf_shift);
+    if (at == r.leaves.size() || r.leaves[at].index != k >> leaf_shift) {
+      r.leaves.insert(r.leaves.begin() + static_cast<std::ptrdiff_t>(at), leaf{.index = k >> leaf_shift});
+      r.at.insert(r.at.begin() + static_cast<std::ptrdiff_t>(at), leaf_slots{});
+    }
+    r.leaves[at].bits |= bit(k);
+    r.at[at][k & leaf_mask] = b;
+    ++r.count;
   }
   // The lone slot into its row (Note [A lone free slot]).
   void settle_lone() {
@@ -236,13 +295,12 @@ class free_slots {
     place(*lone_row_, lone_);
     lone_ = nullptr;
   }
-  // Whether the slot of `x` still cannot be used, as far as its recorded wait tells.
-  static bool waiting(const item& x) noexcept { return x.b->wait_seen.holds(); }
-  block* take(row& r, std::vector<item>::iterator at) noexcept {
-    block* b = at->b;
-    // One of the slots known to wait leaves: one fewer.
-    if (static_cast<std::size_t>(r.items.end() - at) <= r.known_waiting) --r.known_waiting;
-    r.items.erase(at);
+  // Whether the slot still cannot be used, as far as its recorded wait tells.
+  static bool waiting(const block* b) noexcept { return b->wait_seen.holds(); }
+  block* take(row& r, std::size_t at, std::uintptr_t k) noexcept {
+    block* b = r.at[at][k & leaf_mask];
+    r.leaves[at].bits &= ~bit(k);
+    --r.count;
     --count_;
     bytes_ -= b->size;
     return b;
@@ -262,17 +320,23 @@ class free_slots {
     auto it = overflow_.find(size);
     return it != overflow_.end() ? &it->second : nullptr;
   }
+  static unsigned shift_of(std::size_t size) noexcept { return 63U - static_cast<unsigned>(std::countl_zero(size)); }
   // A size keeps one row: in the table, or, while another size holds its entry
   // there, in the map. An entry whose row is empty goes to the next size.
   row& find_or_make(std::size_t size) {
     entry& e = direct(size);
     if (e.size == size) return e.r;
-    if (e.r.items.empty() && overflow_.find(size) == overflow_.end()) {
+    if (e.r.count == 0 && overflow_.find(size) == overflow_.end()) {
       e.size = size;
-      e.r.known_waiting = 0;
+      e.r.leaves.clear();  // another size's: its keys mean other addresses
+      e.r.at.clear();
+      e.r.shift = shift_of(size);
+      e.r.waiting_below = 0;
       return e.r;
     }
-    return overflow_[size];
+    row& r = overflow_[size];
+    r.shift = shift_of(size);
+    return r;
   }
 
   std::array<entry, std::size_t{1} << slot_bits> direct_{};

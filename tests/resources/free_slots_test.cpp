@@ -228,6 +228,9 @@ TEST(FreeSlots, ALoneSlotKeepsItsRowWhenAnotherSizeSharesItsTableEntry) {
   std::size_t other = 2 * page;
   while (entry_of(other) != entry_of(page)) other += page;
   segment seg(6);
+  // Slots never overlap (Note [Free slots in bitmaps]): the larger two lie above the rest.
+  seg.blocks[4].address = seg.c.base + 6 * page;
+  seg.blocks[5].address = seg.c.base + 6 * page + other;
   seg.blocks[4].size = other;
   seg.blocks[5].size = other;
   free_slots slots;
@@ -250,6 +253,98 @@ TEST(FreeSlots, ALoneSlotKeepsItsRowWhenAnotherSizeSharesItsTableEntry) {
   EXPECT_EQ(slots.pop_first_ready(other, [](const block*) { return true; }), seg.at(4));
   EXPECT_EQ(first_ready(slots), seg.at(0));
   EXPECT_EQ(slots.bytes(), page + other);
+}
+
+// Note [Free slots in bitmaps]: slots whose size is no power of two, spread
+// over many leaves with gaps between them, come back lowest first, are visited
+// highest first, and skip the ones seen waiting, as a sorted list of them would.
+TEST(FreeSlots, SlotsOfAnySizeKeepAddressOrderAcrossLeaves) {
+  constexpr std::size_t size = 3 * page;  // keys: address >> 13, 1.5 keys apart
+  // 400 slots, most adjacent, some with a gap of a few slots' addresses: more
+  // than 64 keys, so several leaves, some of which empty and fill again.
+  segment seg(400 * 5);
+  std::vector<block*> all;
+  std::uintptr_t at = seg.c.base;
+  for (std::size_t i = 0; i < 400; ++i) {
+    block& b = seg.blocks[i];
+    b.address = at;
+    b.size = size;
+    at += size * (i % 37 == 0 ? 4 : 1);
+    all.push_back(&b);
+  }
+  free_slots slots;
+  std::set<std::uintptr_t> model;  // free slots' addresses
+  std::mt19937_64 rng(3);
+  auto lowest = [&](const block* y) {
+    EXPECT_EQ(y->address, *model.begin());
+    return true;
+  };
+  for (int step = 0; step < 40000; ++step) {
+    block* b = all[rng() % all.size()];
+    if (rng() % 2 == 0) {
+      if (!model.contains(b->address)) {
+        slots.push(b);
+        model.insert(b->address);
+      }
+    } else {
+      block* got = slots.pop_first_ready(size, lowest);
+      ASSERT_EQ(got == nullptr, model.empty());
+      if (got != nullptr) model.erase(got->address);
+    }
+    ASSERT_EQ(slots.count_of(size), model.size());
+    if (step % 997 == 0) {
+      std::vector<std::uintptr_t> seen;
+      slots.for_each_of(size, [&](const block* y) { seen.push_back(y->address); });
+      ASSERT_EQ(seen, std::vector<std::uintptr_t>(model.rbegin(), model.rend())) << "highest first";
+    }
+  }
+  // The lowest half waits: a take passes them, and peek then skips them unread.
+  if (model.size() >= 4) {
+    std::vector<std::size_t> words(all.size(), 0);
+    std::vector<std::uintptr_t> in_order(model.begin(), model.end());
+    const std::size_t waiters = in_order.size() / 2;
+    for (block* b : all) {
+      if (model.contains(b->address) && b->address < in_order[waiters]) {
+        words[static_cast<std::size_t>(b - seg.blocks.data())] = 1;
+        b->wait_seen = {&words[static_cast<std::size_t>(b - seg.blocks.data())], 1};
+      }
+    }
+    block* got = slots.pop_first_ready(size, [](const block*) { return true; });
+    ASSERT_NE(got, nullptr);
+    EXPECT_EQ(got->address, in_order[waiters]);
+    ASSERT_NE(slots.peek(size), nullptr);
+    EXPECT_EQ(slots.peek(size)->address, in_order[waiters + 1 < in_order.size() ? waiters + 1 : 0]);
+  }
+}
+
+// A table entry whose row emptied goes to the next size that lands there: the
+// slots its old size left in the row's leaves are gone with it.
+TEST(FreeSlots, AnEntryTakenByAnotherSizeForgetsTheOldSizesSlots) {
+  auto entry_of = [](std::size_t size) { return ((size >> 8) * 0x9E3779B97F4A7C15ULL) >> (64 - 6); };
+  std::size_t other = 2 * page;
+  while (entry_of(other) != entry_of(page)) other += page;
+  segment seg(200);
+  free_slots slots;
+  for (std::size_t i = 0; i < 100; ++i) slots.push(seg.at(i));
+  for (std::size_t i = 0; i < 100; ++i) ASSERT_EQ(first_ready(slots), seg.at(i));
+  // The entry is free again; slots of the other size, far above, take it.
+  const std::size_t per = other / page;
+  std::vector<block*> big;
+  for (std::size_t i = 100; i + per <= 200; i += per) {
+    seg.blocks[i].size = other;
+    big.push_back(seg.at(i));
+  }
+  for (auto it = big.rbegin(); it != big.rend(); ++it) slots.push(*it);
+  EXPECT_EQ(slots.count_of(page), 0U);
+  EXPECT_EQ(slots.count_of(other), big.size());
+  std::vector<const block*> seen;
+  slots.for_each_until([&](const block* b) {
+    seen.push_back(b);
+    return false;
+  });
+  EXPECT_EQ(seen.size(), big.size());
+  EXPECT_EQ(slots.pop_first_ready(page, [](const block*) { return true; }), nullptr);
+  EXPECT_EQ(slots.pop_first_ready(other, [](const block*) { return true; }), big.front());
 }
 
 // chunk::all_ready, which every allocation of a paged pool asks, against the
