@@ -215,16 +215,20 @@ class free_slots {
     // holds (a leaf is dropped when its entry goes to another size).
     std::vector<leaf> leaves;
     std::vector<leaf_slots> at;
+    std::size_t low_end = 0;  // 1 + the position of the lowest leaf with a slot; 0: none
     std::size_t count = 0;
     unsigned shift = 0;
     std::uintptr_t waiting_below = 0;
     std::uint64_t wakes_seen = 0;
   };
-  // A free slot of a row: its leaf's position and its key.
+  // A free slot of a row, and the way to the next: its leaf's position, its
+  // key, and the leaf's slots from it on (a visit of the next is a bit
+  // operation while the leaf has more).
   struct cursor {
     const row* r = nullptr;
     std::size_t at = 0;
     std::uintptr_t k = 0;
+    std::uint64_t rest = 0;  // bits of leaf `at` from k's on
     bool valid() const noexcept { return r != nullptr; }
     block* slot() const noexcept { return r->at[at][k & leaf_mask]; }
   };
@@ -246,16 +250,26 @@ class free_slots {
   }
   // The lowest free slot of r with a key of at least `from`, or none.
   static cursor first_from(const row& r, std::uintptr_t from) noexcept {
-    for (std::size_t at = r.leaves.size(); at-- > 0;) {
+    for (std::size_t at = r.low_end; at-- > 0;) {
       const leaf& l = r.leaves[at];
       if (((l.index + 1) << leaf_shift) <= from) continue;  // wholly below
       std::uint64_t bits = l.bits;
       if ((from >> leaf_shift) == l.index) bits &= ~std::uint64_t{0} << (from & leaf_mask);
-      if (bits != 0) return {&r, at, (l.index << leaf_shift) | static_cast<std::uintptr_t>(std::countr_zero(bits))};
+      if (bits != 0) return at_lowest(r, at, bits);
     }
     return {};
   }
-  static cursor next_of(const row& r, const cursor& c) noexcept { return first_from(r, c.k + 1); }
+  static cursor at_lowest(const row& r, std::size_t at, std::uint64_t bits) noexcept {
+    return {&r, at, (r.leaves[at].index << leaf_shift) | static_cast<std::uintptr_t>(std::countr_zero(bits)), bits};
+  }
+  // The free slot after c's in address order, or none.
+  static cursor next_of(const row& r, const cursor& c) noexcept {
+    if (const std::uint64_t more = c.rest & (c.rest - 1); more != 0) return at_lowest(r, c.at, more);
+    for (std::size_t at = c.at; at-- > 0;) {
+      if (r.leaves[at].bits != 0) return at_lowest(r, at, r.leaves[at].bits);
+    }
+    return {};
+  }
   template <class F>
   static bool each_highest_first(const row& r, F&& f) {
     for (std::size_t i = 0; i < r.leaves.size(); ++i) {
@@ -284,7 +298,9 @@ class free_slots {
     if (at == r.leaves.size() || r.leaves[at].index != k >> leaf_shift) {
       r.leaves.insert(r.leaves.begin() + static_cast<std::ptrdiff_t>(at), leaf{.index = k >> leaf_shift});
       r.at.insert(r.at.begin() + static_cast<std::ptrdiff_t>(at), leaf_slots{});
+      if (at < r.low_end) ++r.low_end;  // the lowest leaf with a slot moved back by one
     }
+    r.low_end = std::max(r.low_end, at + 1);
     r.leaves[at].bits |= bit(k);
     r.at[at][k & leaf_mask] = b;
     ++r.count;
@@ -300,6 +316,9 @@ class free_slots {
   block* take(row& r, std::size_t at, std::uintptr_t k) noexcept {
     block* b = r.at[at][k & leaf_mask];
     r.leaves[at].bits &= ~bit(k);
+    if (at + 1 == r.low_end) {
+      while (r.low_end > 0 && r.leaves[r.low_end - 1].bits == 0) --r.low_end;
+    }
     --r.count;
     --count_;
     bytes_ -= b->size;
@@ -330,6 +349,7 @@ class free_slots {
       e.size = size;
       e.r.leaves.clear();  // another size's: its keys mean other addresses
       e.r.at.clear();
+      e.r.low_end = 0;
       e.r.shift = shift_of(size);
       e.r.waiting_below = 0;
       return e.r;
