@@ -123,7 +123,7 @@ class free_slots {
   // address past the slots that still wait, when `ready` takes it; else null
   // (the hot path's slot cache hit).
   template <class F>
-  block* pop_first_ready(std::size_t size, F&& ready) {
+  [[gnu::always_inline]] block* pop_first_ready(std::size_t size, F&& ready) {
     if (lone_ != nullptr && lone_->size == size) {
       // The only free slot of its size (Note [A lone free slot]); one that
       // waits goes to its row, to be counted among the known waiters there.
