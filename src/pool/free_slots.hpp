@@ -188,6 +188,13 @@ class free_slots {
 
   std::size_t count() const noexcept { return count_; }
   std::size_t bytes() const noexcept { return bytes_; }
+  // Leaves held by every row, empty ones included (Note [Free slots in bitmaps]).
+  std::size_t leaves_held() const noexcept {
+    std::size_t n = 0;
+    for (const entry& e : direct_) n += e.r.leaves.size();
+    for (const auto& [size, r] : overflow_) n += r.leaves.size();
+    return n;
+  }
 
  private:
   // Note [Free slots in bitmaps]
@@ -212,7 +219,10 @@ class free_slots {
     // Highest index first, each with its slots beside it (at[i] for leaves[i]).
     // A leaf stays when its last slot leaves: the addresses of a size's slots
     // are reused, and a leaf made and dropped on every turn cost more than it
-    // holds (a leaf is dropped when its entry goes to another size).
+    // holds. Empty leaves go when a new leaf is needed and they are as many as
+    // the others (plus a few), so a row holds O(its free slots) leaves however
+    // far its slots' addresses wander; and all go with an entry that another
+    // size takes.
     std::vector<leaf> leaves;
     std::vector<leaf_slots> at;
     std::size_t low_end = 0;  // 1 + the position of the lowest leaf with a slot; 0: none
@@ -294,8 +304,12 @@ class free_slots {
     const std::uintptr_t k = key(r, b);
     // Slots below the new one that were known to wait still are.
     r.waiting_below = std::min(r.waiting_below, k);
-    const std::size_t at = leaf_position(r, k >> leaf_shift);
+    std::size_t at = leaf_position(r, k >> leaf_shift);
     if (at == r.leaves.size() || r.leaves[at].index != k >> leaf_shift) {
+      if (r.leaves.size() >= 8 && r.leaves.size() >= 2 * occupied_leaves(r) + 8) {
+        drop_empty_leaves(r);
+        at = leaf_position(r, k >> leaf_shift);
+      }
       r.leaves.insert(r.leaves.begin() + static_cast<std::ptrdiff_t>(at), leaf{.index = k >> leaf_shift});
       r.at.insert(r.at.begin() + static_cast<std::ptrdiff_t>(at), leaf_slots{});
       if (at < r.low_end) ++r.low_end;  // the lowest leaf with a slot moved back by one
@@ -304,6 +318,22 @@ class free_slots {
     r.leaves[at].bits |= bit(k);
     r.at[at][k & leaf_mask] = b;
     ++r.count;
+  }
+  static std::size_t occupied_leaves(const row& r) noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(r.leaves.begin(), r.leaves.end(), [](const leaf& l) { return l.bits != 0; }));
+  }
+  static void drop_empty_leaves(row& r) noexcept {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < r.leaves.size(); ++i) {
+      if (r.leaves[i].bits == 0) continue;
+      r.leaves[kept] = r.leaves[i];
+      r.at[kept] = r.at[i];
+      ++kept;
+    }
+    r.leaves.resize(kept);
+    r.at.resize(kept);
+    r.low_end = kept;  // every leaf left has a slot
   }
   // The lone slot into its row (Note [A lone free slot]).
   void settle_lone() {

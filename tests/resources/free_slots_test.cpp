@@ -317,6 +317,27 @@ TEST(FreeSlots, SlotsOfAnySizeKeepAddressOrderAcrossLeaves) {
   }
 }
 
+// A size whose free slots lie ever higher (each new slot above the last, the
+// old ones taken for good) keeps leaves for what is free, not for every
+// address range it ever used (Note [Free slots in bitmaps]).
+TEST(FreeSlots, ARowHoldsLeavesForItsFreeSlotsNotForEveryAddressItUsed) {
+  constexpr std::size_t slots_made = 20000;
+  segment seg(slots_made);
+  for (std::size_t i = 0; i < slots_made; ++i) seg.blocks[i].address = seg.c.base + i * 64 * page;  // a leaf each
+  free_slots slots;
+  std::size_t most = 0;
+  for (std::size_t i = 0; i < slots_made; ++i) {
+    slots.push(seg.at(i));
+    if (i >= 3) {
+      ASSERT_EQ(first_ready(slots), seg.at(i - 3));  // three stay free
+    }
+    most = std::max(most, slots.leaves_held());
+  }
+  EXPECT_EQ(slots.count(), 3U);
+  EXPECT_LE(most, 2 * 3 + 9U);
+  for (std::size_t i = slots_made - 3; i < slots_made; ++i) EXPECT_EQ(first_ready(slots), seg.at(i));
+}
+
 // A table entry whose row emptied goes to the next size that lands there: the
 // slots its old size left in the row's leaves are gone with it.
 TEST(FreeSlots, AnEntryTakenByAnotherSizeForgetsTheOldSizesSlots) {
