@@ -201,11 +201,12 @@ class free_slots {
   // A size's free slots are a set of keys, key = address >> shift with shift =
   // floor(log2(size)): slots never overlap (each holds its pages for life), so
   // the addresses of a size's slots lie at least `size` >= 2^shift apart and
-  // the keys are distinct and in address order. The keys sit in leaves of 64 (a bit each, and the slot beside it),
-  // the leaves highest first, so the lowest slot is at the back: a free places
-  // its slot with a search over leaves (few: a leaf spans 64 slots' worth of
-  // addresses) and a bit, where a sorted array of slots moved half its items
-  // on every free of W2's random order (docs/benchmarks.md). Keys below
+  // the keys are distinct and in address order. The keys sit in leaves of 64
+  // (a bit each, and the slot beside it), the leaves highest first, so the
+  // lowest slot is at the back: a free places its slot with a search over
+  // leaves (few: a leaf spans 64 slots' worth of addresses) and a bit, where a
+  // sorted array of slots moved half its items on every free of W2's random
+  // order (docs/benchmarks.md, "Where gpumem loses, and why"). Keys below
   // waiting_below were all seen waiting, with no wake since wakes_seen (Note
   // [Slots known to wait]).
   static constexpr unsigned leaf_shift = 6;
