@@ -250,7 +250,9 @@ using sim_stream_DeathTest = sim_test;
 
 // Leaves streams busy, blocked and waiting on each other, then exits the process.
 [[noreturn]] void exit_with_streams_alive() {
-  static gate never_opened;  // static: outlives main, like the workers
+  // Never destroyed: the blocked stream's host function may start waiting after exit()
+  // has begun running destructors, so a static gate could be used after its destruction.
+  static gate& never_opened = *new gate;
   CUstream busy = nullptr, blocked = nullptr;
   CUevent e = nullptr;
   const bool ok = cu().cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS &&
