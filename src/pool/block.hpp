@@ -60,9 +60,14 @@ struct block {
   // so it may take the slot's free pages with no wait (Note [Swaps across
   // streams], src/vmm/swaps_across_streams.cpp). Compared, never followed.
   const arena* freed_by = nullptr;
+  // Free slots only: the owner chunk's unready_marks when the slot was freed
+  // with every page its own, or no_ready_mark (Note [A slot's ready mark]).
+  std::uint64_t ready_mark = 0;
 };
 
 inline constexpr std::uint64_t slot_freed = std::uint64_t{1} << 63;
+// A ready mark no chunk's count reaches: the slot's pages must be looked at.
+inline constexpr std::uint64_t no_ready_mark = ~std::uint64_t{0};
 // Set in a busy mark or a slot's use word while a free slot's recorded wait
 // reads it: the change that clears it wakes the arena's free slots (Note
 // [Slots known to wait], src/pool/free_slots.hpp).
@@ -88,6 +93,9 @@ struct chunk {
   std::vector<std::uint64_t> pages;
   std::vector<page_home*> home_at;  // the record of the handle in `pages` (null: none)
   std::vector<std::uint64_t> ready;
+  // How many times a page here lost its ready bit (set_ready(i, false), the
+  // only way one does): Note [A slot's ready mark].
+  std::uint64_t unready_marks = 0;
   std::vector<std::uint64_t> busy;  // not kept in segments of slots
   // What changes when a page's busy bit does.
   struct page_uses {
@@ -152,7 +160,10 @@ struct chunk {
     }
     return true;
   }
-  void set_ready(std::size_t i, bool on) noexcept { set_bit(ready, i, on); }
+  void set_ready(std::size_t i, bool on) noexcept {
+    set_bit(ready, i, on);
+    if (!on) ++unready_marks;
+  }
   void set_busy(std::size_t i, bool on) noexcept { set_bit(busy, i, on); }
 
  private:

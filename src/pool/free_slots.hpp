@@ -41,6 +41,25 @@
 // handle, or the use word of the live slot there, and a handle in use does not
 // move; a page without a handle gets one only in a repair, which takes the
 // slot out of the cache, and a freed slot's wait is cleared.
+//
+// Note [A slot's ready mark]
+// The hot path hands out a free slot only when every page under it is ready
+// (its handle's primary place is there), and looking costs the slot's page
+// range in the chunk's ready bits, a measurable part of W1's large pair. Most often
+// nothing has moved since the slot was freed. So each chunk counts the times
+// one of its pages lost its ready bit (chunk::unready_marks; chunk::set_ready is
+// the only way a bit is cleared), and a slot freed with every page its own
+// keeps that count (block::ready_mark, written by cache_slot, after push). While
+// the count is the same, no page of the chunk became unready since, and the
+// slot's pages are still all ready; once it differs, the pages are looked at.
+// Why a slot freed by cache_slot has every page its own: it was live (or
+// pending) until then, handed out only with every page ready, and a page under
+// a block that is not free never moves or swaps (Note [Pages under the
+// blocks]). Every other way into the cache (a slot that waits with what
+// pages memory allowed, one whose swaps another stream took first) leaves
+// no_ready_mark, which push writes, so those are looked at. The count and the
+// mark are read and written under the lock of the chunk's arena, as the ready
+// bits are.
 #pragma once
 
 #include <algorithm>
@@ -69,6 +88,7 @@ class free_slots {
 
   void push(block* b) {
     b->wait_seen = {};  // what kept it waiting before it was last handed out is gone
+    b->ready_mark = no_ready_mark;  // until the caller knows its pages (Note [A slot's ready mark])
     settle_lone();      // first: its row is then not empty, and keeps its entry
     row& r = find_or_make(b->size);
     ++count_;

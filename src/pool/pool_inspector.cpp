@@ -82,6 +82,11 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         if (b->cached) {
           ++cached;
           if (a->live.find(b->address) != b) return "a cached block is missing from the live map";
+          // Note [A slot's ready mark], src/pool/free_slots.hpp.
+          if (b->slot && b->ready_mark == c->unready_marks &&
+              !c->all_ready((b->address - c->base) / page, (b->address + b->size - 1 - c->base) / page)) {
+            return "a free slot's ready mark holds, yet a page under it is not ready";
+          }
         } else if (pending.count(b) != 0) {
           if (a->live.find(b->address) != nullptr) return "a pending block is in the live map";
           if (!b->pending) return "a pending block is not marked pending";

@@ -181,6 +181,9 @@ class stream_ordered_pool {
   static void change_busy_mark(chunk& c, chunk::page_uses& u) noexcept;
   // Paged pools: whether every page `b` touches is ready.
   bool pages_ready(const block* b) const noexcept;
+  // The same for a free slot, without a look at its pages while its ready
+  // mark holds (Note [A slot's ready mark]).
+  bool slot_ready(const block* s) const noexcept;
   // Frees `b` into a's index, merged with its free neighbours; paged pools
   // mark the pages that became free.
   void free_into(arena& a, block* b, std::uint64_t epoch);
@@ -374,7 +377,7 @@ inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream
   // the lowest-addressed free slot past those that still wait on a page in
   // use, when it is ready (Note [Slots for large requests]).
   const std::size_t size = (bytes + settings.page_bytes - 1) & ~(settings.page_bytes - 1);
-  if (block* s = a.slots.pop_first_ready(size, [&](const block* y) { return pages_ready(y); })) [[likely]] {
+  if (block* s = a.slots.pop_first_ready(size, [&](const block* y) { return slot_ready(y); })) [[likely]] {
     take_slot(a, s, bytes);
     return reinterpret_cast<void*>(s->address);
   }
@@ -398,6 +401,7 @@ inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
   if (s->uses & waited_on) [[unlikely]] a.slots.wake();  // Note [Slots known to wait]
   s->uses = (s->uses & ~waited_on) | slot_freed;
   a.slots.push(s);
+  s->ready_mark = s->owner->unready_marks;  // its pages are its own (Note [A slot's ready mark])
 }
 
 inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u) noexcept {
@@ -406,6 +410,10 @@ inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u)
     u.busy_mark = (u.busy_mark & ~waited_on) + 1;
     c.owner->slots.wake();
   }
+}
+
+inline bool stream_ordered_pool::slot_ready(const block* s) const noexcept {
+  return s->ready_mark == s->owner->unready_marks || pages_ready(s);
 }
 
 inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
