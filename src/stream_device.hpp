@@ -37,9 +37,10 @@ inline void check_stream_device(stream_view stream, int device, const char* wher
 // the driver tells no one when a capture begins (only a CUPTI subscriber hears of
 // it: gpumem::capture_watch). The legacy default stream cannot
 // be captured, so its calls skip the query, which costs about two driver calls for
-// another stream. cuStreamGetCaptureInfo (status only) is cheaper alone but was
-// slower inside the pool, so the pools keep cuStreamIsCapturing (docs/pool.md,
-// "CUDA graphs"; the figures are in docs/benchmarks.md).
+// another stream. cuStreamGetCaptureInfo (status only) costs as much or more
+// (both of its ABI versions, timed side by side on an H200), so the pools keep
+// cuStreamIsCapturing (docs/pool.md, "CUDA graphs"; the figures are in
+// docs/benchmarks.md).
 // A pool that uses the capture watch (`watched`: pool_options::watch_captures, and
 // the watch running) skips the query while no capture is in progress anywhere in
 // the process: one load (driver/capture_watch_state.hpp).
