@@ -117,6 +117,9 @@ struct alignas(64) arena {
   // Paged pools: pages taken back by a place of this arena that they had left
   // (swaps), ever; counted under the lock, not on a word every thread writes.
   std::uint64_t pages_revived = 0;
+  // Paged pools: free slots whose pages were looked at (usable()), ever: what
+  // the slots' recorded waits spare (pool_inspector::slot_looks).
+  std::uint64_t slot_looks = 0;
   // Paged pools: `frees` when another stream last saw it change, and when
   // (steady_clock ns); a stream that has freed nothing for a while is idle, and
   // its free pages may go to others (src/vmm/page_backing.cpp).

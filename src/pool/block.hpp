@@ -46,9 +46,10 @@ struct block {
   // Freed on another stream and not yet absorbed by its arena (arena::pending).
   bool pending = false;
   // Slots only: the slot's use word (a page_wait's word): the arena's count of
-  // slot hand-outs when it was last handed out (unique in the arena, so a
-  // record reused for another slot never repeats it), with slot_freed set once
-  // it is freed.
+  // slot hand-outs when it was first handed out over its current pages (unique
+  // in the arena, so a record reused for another slot never repeats it), with
+  // slot_freed set while it is free (Note [A slot's use word across its frees],
+  // src/vmm/page_slots.cpp); 0 before its first hand-out.
   std::uint64_t uses = 0;
   // Free slots only: what keeps one of its pages' handles from it, as usable()
   // last found it (src/vmm/page_slots.cpp): while the word keeps its value the

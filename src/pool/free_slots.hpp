@@ -14,10 +14,12 @@
 // waiting (waiting_below) and skips those slots without a look, for as long as
 // none of their waits can have ended; a slot freed below that key lowers it.
 // A wait ends only when its word changes (block::wait_seen): the busy mark of
-// a page in use falls back, or a live slot is freed. The wait's recorder marks
-// the word (waited_on); the change that clears the mark (a page's busy bit set
-// or cleared, cache_slot) calls wake(), and a row that has seen a wake since it
-// looked forgets what it learned. The words are the arena's own (usable() records
+// a page in use falls back, or a live slot is freed (and holds again when that
+// slot is taken again over the same pages: Note [A slot's use word across its
+// frees], src/vmm/page_slots.cpp). The wait's recorder marks the word
+// (waited_on); the change that ends it (a page's busy bit set or cleared, a
+// marked slot's free in cache_slot) calls wake(), and a row that has seen a
+// wake since it looked forgets what it learned. The words are the arena's own (usable() records
 // none of another arena's), so a wake is under the same lock as the rows.
 // Skipping never changes the choice: a slot skipped is one that waiting()
 // would pass.

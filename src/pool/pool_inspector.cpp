@@ -198,6 +198,17 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
   return {};
 }
 
+std::size_t pool_inspector::slot_looks(vmm_pool_resource& pool) {
+  stream_ordered_pool& p = pool.impl_->pool;
+  std::shared_lock arenas_lock(p.arenas_mutex);
+  std::size_t looks = 0;
+  for (const auto& [key, a] : p.arenas) {
+    std::lock_guard lock(a->lock);
+    looks += a->slot_looks;
+  }
+  return looks;
+}
+
 std::size_t pool_inspector::live_requested_bytes(const pool_resource& pool, const void* ptr) {
   const stream_ordered_pool& p = pool.impl_->pool;
   const chunk* c = p.chunk_of(reinterpret_cast<std::uintptr_t>(ptr));

@@ -23,6 +23,8 @@ struct GPUMEM_EXPORT pool_inspector {
   // Empty when every invariant holds, else a description of the first violation.
   static std::string violations(pool_resource& pool);
   static std::string violations(vmm_pool_resource& pool);
+  // How many times the pool looked at a free slot's pages (every arena), ever.
+  static std::size_t slot_looks(vmm_pool_resource& pool);
   // The bytes requested for ptr when it is a live allocation of the pool, else 0.
   static std::size_t live_requested_bytes(const pool_resource& pool, const void* ptr);
 

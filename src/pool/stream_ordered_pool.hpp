@@ -393,13 +393,15 @@ inline void stream_ordered_pool::take_cached(arena& a, block* b, std::size_t byt
 
 inline void stream_ordered_pool::take_slot(arena& a, block* s, std::size_t bytes) noexcept {
   take_cached(a, s, bytes);
-  s->uses = ++a.slot_handouts;
+  // Taken again over the pages it had, it gets its word back, and the waits on
+  // it hold again (Note [A slot's use word across its frees], src/vmm/page_slots.cpp).
+  s->uses = (s->uses & slot_freed) != 0 ? s->uses & ~slot_freed : ++a.slot_handouts;
 }
 
 inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
   s->cached = true;  // stays in `live`, as a quick-cached block does
   if (s->uses & waited_on) [[unlikely]] a.slots.wake();  // Note [Slots known to wait]
-  s->uses = (s->uses & ~waited_on) | slot_freed;
+  s->uses |= slot_freed;  // waited_on stays: the word comes back with it (take_slot)
   a.slots.push(s);
   s->ready_mark = s->owner->unready_marks;  // its pages are its own (Note [A slot's ready mark])
 }

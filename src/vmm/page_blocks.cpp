@@ -393,6 +393,7 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
     y->slot = false;
     y->cached = false;
     y->vacant = true;
+    y->uses = 0;
     if (block* prev = y->prev_in_chunk; prev != nullptr && prev->vacant) {
       prev->size += y->size;
       prev->next_in_chunk = y->next_in_chunk;

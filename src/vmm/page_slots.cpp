@@ -62,6 +62,26 @@ constexpr std::size_t max_free_slots_of_a_size = 64;
 // trim() and release() unmap the settled aliases and give back the free
 // pages; a free slot left without pages becomes vacant addresses again.
 
+// Note [A slot's use word across its frees]
+// A free slot whose page is an alias of a handle that a live slot x holds waits
+// on x's use word (block::uses; Note [Slots known to wait]). When x is freed,
+// the wait must end: the handle is free in x, and the waiting slot could take it
+// back. So the free sets slot_freed in the word (and wakes the free slots when
+// a wait reads it). When x is handed out again without a page of it remapped,
+// which is every hand-out but a repair's and a new slot's, the word loses
+// slot_freed and is what it was, waited_on included: x's pages hold the same
+// handles as before (a slot is handed out with every page ready, each page maps
+// the handle it mapped, and a live slot's pages do not move), so every wait
+// recorded on the word is true again, and the slots that recorded it are passed
+// again with one load, not looked at (usable()) and found waiting on the same
+// word once more. (With a new word at every hand-out, a W2 slot request in six
+// left the hot path for that look.) A repair (find_slot) and a new slot
+// (new_slot, vacant addresses that may have been another slot's) clear the word,
+// so that their hand-out draws a new one from the arena's count, as a slot
+// handed out for the first time does; vacant addresses keep none. The choice of
+// slots is unchanged: a slot passed is one whose look would have found it
+// waiting.
+
 vmm_pool_resource::impl::page_use vmm_pool_resource::impl::use_of(arena& a, const chunk& c, std::size_t i) const {
   if (c.is_ready(i)) return page_use::ready;
   if (c.pages[i] == 0) return page_use::conflict;
@@ -83,6 +103,7 @@ vmm_pool_resource::impl::slot_fit vmm_pool_resource::impl::fit_of(arena& a, cons
 }
 
 bool vmm_pool_resource::impl::usable(arena& a, block* s) {
+  ++a.slot_looks;
   const chunk& c = *s->owner;
   const auto [first, end] = pages_of(s);
   return c.for_each_unready(first, end, [&](std::size_t i) {
@@ -161,6 +182,7 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std:
   }
   s->vacant = false;
   s->slot = true;
+  s->uses = 0;  // a record may have served another slot: a new word when handed out
   chunk& c = *s->owner;
   const std::size_t first = page_index(c, s->address);
   std::fill_n(c.slot_at.begin() + static_cast<std::ptrdiff_t>(first), s->size / page, s);
@@ -307,6 +329,7 @@ void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r
     if (best != nullptr) a.slots.remove(best);
   }
   if (best != nullptr) {
+    best->uses = 0;  // its pages change: a new word when handed out (Note [A slot's use word across its frees])
     chunk& c = *best->owner;
     const auto [first, end] = pages_of(best);
     // Its pages in use elsewhere lose their aliases (once settled), and pages come.

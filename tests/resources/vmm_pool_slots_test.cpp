@@ -198,6 +198,39 @@ TEST_F(VmmPoolSlots, ASlotWhosePagesSwapBackIsServedWithoutWaiting) {
   EXPECT_EQ(detail::pool_inspector::violations(pool), "");
 }
 
+TEST_F(VmmPoolSlots, ASlotWaitingOnALiveSlotIsPassedWhenThatSlotIsTakenAgain) {
+  // Note [A slot's use word across its frees]: y's pages are aliases of handles
+  // that x, live, holds, so y waits on x's use word. x freed and taken again over
+  // the same pages holds them again, and y's wait holds again: the next request
+  // of y's size passes y without a look at its pages and takes y2.
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  void* x = pool.allocate(2 * g, s);
+  pool.deallocate(x, 2 * g, s);
+  void* y = pool.allocate(3 * g, s);  // stitched from x's pages
+  pool.deallocate(y, 3 * g, s);
+  ASSERT_EQ(pool.allocate(2 * g, s), x) << "x takes its pages back from y";
+  void* y2 = pool.allocate(3 * g, s);  // y waits on x: a new slot
+  ASSERT_NE(y2, y);
+  pool.deallocate(y2, 3 * g, s);
+  pool.deallocate(x, 2 * g, s);
+  ASSERT_EQ(pool.allocate(2 * g, s), x) << "x again, its pages its own";
+  const std::size_t looks = detail::pool_inspector::slot_looks(pool);
+  void* y3 = pool.allocate(3 * g, s);
+  EXPECT_EQ(y3, y2) << "y still waits on x";
+  EXPECT_EQ(detail::pool_inspector::slot_looks(pool), looks) << "y was passed without a look at its pages";
+  device_fill(y3, 3 * g, 0x5A, s);
+  device_fill(x, 2 * g, 0x5B, s);
+  EXPECT_EQ(device_count_mismatches(y3, 3 * g, 0x5A, s), 0U);
+  EXPECT_EQ(device_count_mismatches(x, 2 * g, 0x5B, s), 0U);
+  pool.deallocate(y3, 3 * g, s);
+  pool.deallocate(x, 2 * g, s);
+  ASSERT_EQ(pool.allocate(3 * g, s), y) << "x free: y is the lowest slot of its size that can be used";
+  pool.deallocate(y, 3 * g, s);
+  s.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+}
+
 TEST_F(VmmPoolSlots, ALoopWhoseStepsVarySettles) {
   vmm_pool_resource pool(0);
   const std::size_t g = pool.page_bytes();
