@@ -19,8 +19,9 @@
 // frees], src/vmm/page_slots.cpp). The wait's recorder marks the word
 // (waited_on); the change that ends it (a page's busy bit set or cleared, a
 // marked slot's free in cache_slot) calls wake(), and a row that has seen a
-// wake since it looked forgets what it learned. The words are the arena's own (usable() records
-// none of another arena's), so a wake is under the same lock as the rows.
+// wake since it looked forgets what it learned. The words are the arena's own
+// (usable() records none of another arena's), so a wake is under the same lock
+// as the rows.
 // Skipping never changes the choice: a slot skipped is one that waiting()
 // would pass.
 //
