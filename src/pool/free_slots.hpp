@@ -52,7 +52,7 @@
 // nothing has moved since the slot was freed. So each chunk counts the times
 // one of its pages lost its ready bit (chunk::unready_marks; chunk::set_ready is
 // the only way a bit is cleared), and a slot freed with every page its own
-// keeps that count (block::ready_mark, written by cache_slot, after push). While
+// keeps that count (block::ready_mark, which cache_slot passes to push). While
 // the count is the same, no page of the chunk became unready since, and the
 // slot's pages are still all ready; once it differs, the pages are looked at.
 // Why a slot freed by cache_slot has every page its own: it was live (or
@@ -60,7 +60,7 @@
 // a block that is not free never moves or swaps (Note [Pages under the
 // blocks]). Every other way into the cache (a slot that waits with what
 // pages memory allowed, one whose swaps another stream took first) leaves
-// no_ready_mark, which push writes, so those are looked at. The count and the
+// no_ready_mark, so those are looked at. The count and the
 // mark are read and written under the lock of the chunk's arena, as the ready
 // bits are.
 #pragma once
@@ -89,9 +89,11 @@ class free_slots {
     return c.valid() ? c.slot() : nullptr;
   }
 
-  void push(block* b) {
+  // `ready_mark`: the owner chunk's unready_marks when every page of `b` is its
+  // own, else no_ready_mark, and its pages are looked at (Note [A slot's ready mark]).
+  void push(block* b, std::uint64_t ready_mark = no_ready_mark) {
     b->wait_seen = {};  // what kept it waiting before it was last handed out is gone
-    b->ready_mark = no_ready_mark;  // until the caller knows its pages (Note [A slot's ready mark])
+    b->ready_mark = ready_mark;
     settle_lone();      // first: its row is then not empty, and keeps its entry
     row& r = find_or_make(b->size);
     ++count_;

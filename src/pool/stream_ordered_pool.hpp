@@ -402,8 +402,7 @@ inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
   s->cached = true;  // stays in `live`, as a quick-cached block does
   if (s->uses & waited_on) [[unlikely]] a.slots.wake();  // Note [Slots known to wait]
   s->uses |= slot_freed;  // waited_on stays: the word comes back with it (take_slot)
-  a.slots.push(s);
-  s->ready_mark = s->owner->unready_marks;  // its pages are its own (Note [A slot's ready mark])
+  a.slots.push(s, s->owner->unready_marks);  // its pages are its own (Note [A slot's ready mark])
 }
 
 inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u) noexcept {
