@@ -289,6 +289,7 @@ class grow_workload final : public workload {
         growable_add_ms_ = add.median();
         raw_doubling_ms_ = raw_d.median();
         raw_add_ms_ = raw_a.median();
+        raw_reps_ = static_cast<int>(raw_d.reps.size());
       }
       last_reps_ = reps;
       return {doubling, add, peak};
@@ -324,9 +325,9 @@ class grow_workload final : public workload {
       out.push_back("final size " + size_label(final) + "; the " + std::string(vmm_pool_subject_name) +
                     " row grows a growable_buffer (no copy), the others allocate, copy and free");
       if (vmm::supported(device)) {
-        const int reps = std::max(1, last_reps_);
         // Taken beside the growable_buffer's growths when that row ran, else now.
         const bool beside = raw_doubling_ms_ > 0 && raw_add_ms_ > 0;
+        const int reps = std::max(1, beside ? raw_reps_ : last_reps_);
         const double d = beside ? raw_doubling_ms_ : raw_vmm_ms(device, steps(final, true), reps);
         const double a = beside ? raw_add_ms_ : raw_vmm_ms(device, steps(final, false), reps);
         out.push_back("raw VMM reference (one range reserved before the clock starts, a handle mapped per "
@@ -348,6 +349,7 @@ class grow_workload final : public workload {
  private:
   mutable std::size_t last_final_ = 0;  // what measure() grew to, for the notes
   mutable int last_reps_ = 0;           // the repetitions it ran
+  mutable int raw_reps_ = 0;            // the reference's beside the growable_buffer's
   // The growable_buffer row's medians, set when that row ran.
   mutable double growable_doubling_ms_ = 0;
   mutable double growable_add_ms_ = 0;
