@@ -71,13 +71,41 @@ namespace vm = detail::vmm;
 // Growth, in the engine's sense (no free block fits the request), only reserves
 // addresses: a new segment, one free block without memory.
 
+// Note [When addresses run short]
+// A segment reserves segment_bytes of addresses (the device's memory by
+// default) for each arena and kind (blocks, slots), and keeps them for life,
+// so that a stream's blocks grow in place and its slots keep their places. A
+// process whose pools serve many streams, or that shares the GPU's address
+// space with other reservations, can use it up while the device still has
+// memory: the driver would then serve a request that the pool could not (on
+// the simulator, whose address space is a fixed multiple of its memory, the
+// seventeenth stream's first request failed so). So when a reservation fails,
+// the pool first gives back every segment that holds nothing (no block in use,
+// pending or quick-cached, no page mapped: its settled free pages and aliases
+// are unmapped first), then asks for smaller ranges, halving down to the
+// request's own pages. Only when even that fails does growth fail; the engine
+// then goes on down its slow path (another stream's memory, a device
+// synchronisation after which every free is settled, and so every empty
+// segment can go) before it reports the shortage, which names the addresses.
+// Segments come back only under this shortage, so a program that never meets
+// it keeps every segment, as before.
 detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need, bool for_slots) {
-  const std::size_t bytes = std::max(segment_bytes, vm::round_up(need, page));
-  const CUdeviceptr base = vm::reserve(pool.device, bytes, 0, page);
+  const std::size_t least = vm::round_up(need, page);
+  std::size_t bytes = std::max(segment_bytes, least);
+  CUdeviceptr base = vm::reserve(pool.device, bytes, 0, page);
   if (base == 0) {
-    vm::throw_out_of_memory("vmm_pool_resource", pool.device, need, pool.reserved_bytes.load(),
-                            "no address range of " + std::to_string(bytes) + " bytes could be reserved");
+    give_back_addresses();
+    base = vm::reserve(pool.device, bytes, 0, page);
+    while (base == 0 && bytes > least) {
+      bytes = std::max(least, vm::round_up(bytes / 2, page));
+      base = vm::reserve(pool.device, bytes, 0, page);
+    }
+    if (base == 0) {
+      addresses_short = bytes;
+      return nullptr;
+    }
   }
+  addresses_short = 0;
   address_bytes += bytes;
   try {
     return pool.add_chunk(a, base, bytes, 0, page, for_slots);
@@ -86,6 +114,66 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need, 
     address_bytes -= bytes;
     throw;
   }
+}
+
+// A free slot of `s` that waits on a page of `c` (Note [Slots known to wait])
+// holds a pointer to that page's busy mark: before `c` goes, such a slot
+// forgets its wait (it is looked at again when next offered).
+void vmm_pool_resource::impl::forget_waits_on(arena& s, const chunk& c) {
+  if (c.uses.empty()) return;
+  const auto lo = reinterpret_cast<std::uintptr_t>(&c.uses.front().busy_mark);
+  const auto hi = reinterpret_cast<std::uintptr_t>(&c.uses.back().busy_mark);
+  bool forgot = false;
+  s.slots.for_each_until([&](block* y) {
+    const auto word = reinterpret_cast<std::uintptr_t>(y->wait_seen.word);
+    if (word >= lo && word <= hi) {
+      y->wait_seen = {};
+      forgot = true;
+    }
+    return false;
+  });
+  if (forgot) s.slots.wake();
+}
+
+std::size_t vmm_pool_resource::impl::give_back_addresses() {
+  std::vector<std::pair<CUdeviceptr, std::size_t>> ranges;
+  {
+    std::shared_lock arenas_lock(pool.arenas_mutex);
+    reap_every_alias();  // an alias is a mapping too
+    std::unique_lock dir(pool.chunks_mutex);
+    for (auto& [key, s] : pool.arenas) {
+      std::lock_guard lock(s->lock);
+      release_free_pages(*s, std::numeric_limits<std::size_t>::max());
+      for (std::size_t i = 0; i < s->chunks.size();) {
+        chunk* c = s->chunks[i];
+        block* b = c->first;
+        // One block over the whole segment, free (blocks) or vacant (slots):
+        // nothing is in use there, pending or cached, and no slot holds it.
+        const bool empty = b->next_in_chunk == nullptr && (c->for_slots ? b->vacant : b->free);
+        const bool unmapped = std::all_of(c->pages.begin(), c->pages.end(), [](std::uint64_t h) { return h == 0; });
+        if (!empty || !unmapped) {
+          ++i;
+          continue;
+        }
+        if (!c->for_slots) {
+          s->free.remove(b);
+          forget_waits_on(*s, *c);
+        }
+        s->slab.recycle(b);
+        s->chunks[i] = s->chunks.back();
+        s->chunks.pop_back();
+        ranges.emplace_back(c->base, c->size);
+        pool.chunks.erase(c->base);  // the segment's record goes with it
+      }
+    }
+  }
+  std::size_t bytes = 0;
+  for (const auto& [base, size] : ranges) {
+    vm::free_addresses(pool.device, base, size);
+    address_bytes -= size;
+    bytes += size;
+  }
+  return bytes;
 }
 
 // Note [A time budget for moves]
@@ -128,8 +216,7 @@ bool vmm_pool_resource::impl::grow(arena& a, std::size_t need, bool /*memory_sho
     std::lock_guard lock(a.lock);
     if (a.free.find(need) != nullptr) return false;
   }
-  new_segment(a, need);
-  return true;
+  return new_segment(a, need) != nullptr;
 }
 
 std::size_t vmm_pool_resource::impl::create_pages(std::size_t count, std::vector<std::uint64_t>& out) {
@@ -281,6 +368,11 @@ std::string vmm_pool_resource::impl::shortage(std::size_t requested) {
     why += pool.reserved_bytes.load() + page > maximum ? "is reached" : "is not reached";
   }
   why += "; the device could not provide more";
+  if (addresses_short != 0) {
+    why += "; no address range of " + std::to_string(addresses_short) +
+           " bytes could be reserved, even after the pool gave back every segment that held nothing "
+           "(the process's GPU address space is used up)";
+  }
   return why;
 }
 

@@ -153,26 +153,13 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std:
     // A new segment: addresses are plentiful, and the free slots' pages and
     // aliases are what lets a loop's next steps make no driver call. Only when
     // no address range is left do free slots give their addresses back (their
-    // pages go back to the device, or stay where they serve as primaries).
+    // pages go back to the device, or stay where they serve as primaries), and
+    // empty segments theirs (Note [When addresses run short], page_backing.cpp):
+    // then vacant addresses of this arena's may serve, or none (memory short).
     lock.unlock();
-    bool reserved = true;
-    try {
-      new_segment(a, size, true);
-    } catch (const out_of_memory&) {
-      reserved = false;
-    }
+    new_segment(a, size, true);
     lock.lock();
-    if (!reserved) {
-      reap_aliases(a);
-      release_free_pages(a, ~std::size_t{0});
-    }
     v = find_vacant();
-    if (v == nullptr && !reserved) {
-      lock.unlock();
-      new_segment(a, size, true);
-      lock.lock();
-      v = find_vacant();
-    }
     if (v == nullptr) return nullptr;
   }
   block* s = v;

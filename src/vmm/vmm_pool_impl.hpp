@@ -104,7 +104,15 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t create_pages(std::size_t count, std::vector<std::uint64_t>& out);
   // Gives the free pages above release_threshold_bytes back (growth mutex held).
   void enforce_threshold();
+  // A new segment of `a` with room for `need` bytes (growth mutex held, no arena
+  // lock), or null when no address range could be reserved even after every
+  // segment that holds nothing went back (Note [When addresses run short]).
   chunk* new_segment(arena& a, std::size_t need, bool for_slots = false);
+  // Gives back every segment of every arena that holds nothing (no block in use,
+  // no page mapped), after the settled free pages and aliases were unmapped
+  // (growth mutex held, no arena lock). Returns bytes of addresses.
+  std::size_t give_back_addresses();
+  void forget_waits_on(arena& s, const chunk& c);
 
   // ---- slots (page_slots.cpp); growth mutex and a's lock held ----
   // What using the free slot `s` takes (Note [Slots for large requests]): pages
@@ -266,6 +274,9 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t window_moves = 0;
 
   std::atomic<std::size_t> address_bytes{0};
+  // The reservation that last failed after every empty segment went back (0:
+  // the last one succeeded), for the out-of-memory message (growth mutex).
+  std::size_t addresses_short = 0;
   std::atomic<std::size_t> pages_created{0};
   std::atomic<std::size_t> pages_moved{0};
   std::atomic<std::size_t> pages_released{0};
