@@ -101,11 +101,11 @@ detail::chunk* vmm_pool_resource::impl::new_segment(arena& a, std::size_t need, 
       base = vm::reserve(pool.device, bytes, 0, page);
     }
     if (base == 0) {
-      addresses_short = bytes;
+      addresses_short.store(bytes, std::memory_order_relaxed);
       return nullptr;
     }
   }
-  addresses_short = 0;
+  addresses_short.store(0, std::memory_order_relaxed);
   address_bytes += bytes;
   try {
     return pool.add_chunk(a, base, bytes, 0, page, for_slots);
@@ -136,14 +136,13 @@ void vmm_pool_resource::impl::forget_waits_on(arena& s, const chunk& c) {
 }
 
 std::size_t vmm_pool_resource::impl::give_back_addresses() {
+  give_back(false);  // the settled free pages and aliases: a segment holding either is mapped
   std::vector<std::pair<CUdeviceptr, std::size_t>> ranges;
   {
     std::shared_lock arenas_lock(pool.arenas_mutex);
-    reap_every_alias();  // an alias is a mapping too
     std::unique_lock dir(pool.chunks_mutex);
     for (auto& [key, s] : pool.arenas) {
       std::lock_guard lock(s->lock);
-      release_free_pages(*s, std::numeric_limits<std::size_t>::max());
       for (std::size_t i = 0; i < s->chunks.size();) {
         chunk* c = s->chunks[i];
         block* b = c->first;
@@ -368,8 +367,8 @@ std::string vmm_pool_resource::impl::shortage(std::size_t requested) {
     why += pool.reserved_bytes.load() + page > maximum ? "is reached" : "is not reached";
   }
   why += "; the device could not provide more";
-  if (addresses_short != 0) {
-    why += "; no address range of " + std::to_string(addresses_short) +
+  if (const std::size_t short_by = addresses_short.load(std::memory_order_relaxed); short_by != 0) {
+    why += "; no address range of " + std::to_string(short_by) +
            " bytes could be reserved, even after the pool gave back every segment that held nothing "
            "(the process's GPU address space is used up)";
   }

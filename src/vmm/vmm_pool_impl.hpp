@@ -275,8 +275,9 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
 
   std::atomic<std::size_t> address_bytes{0};
   // The reservation that last failed after every empty segment went back (0:
-  // the last one succeeded), for the out-of-memory message (growth mutex).
-  std::size_t addresses_short = 0;
+  // the last one succeeded), for the out-of-memory message (written under the
+  // growth mutex; read by the message, which may be built without it).
+  std::atomic<std::size_t> addresses_short{0};
   std::atomic<std::size_t> pages_created{0};
   std::atomic<std::size_t> pages_moved{0};
   std::atomic<std::size_t> pages_released{0};
