@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "pool/zeroed_array.hpp"
+
 namespace gpumem::detail {
 
 struct arena;
@@ -91,13 +93,15 @@ struct chunk {
   //          kept per slot instead (slot_at), so that taking and freeing a
   //          slot touches no per-page record (W1's large column). Read it
   //          with page_busy(i).
-  std::vector<std::uint64_t> pages;
-  std::vector<page_home*> home_at;  // the record of the handle in `pages` (null: none)
-  std::vector<std::uint64_t> ready;
+  //   Every such array is zero until written (Note [Page records on demand],
+  //   zeroed_array.hpp): a segment's records cost host memory where its pages are used.
+  zeroed_array<std::uint64_t> pages;
+  zeroed_array<page_home*> home_at;  // the record of the handle in `pages` (null: none)
+  zeroed_array<std::uint64_t> ready;
   // How many times a page here lost its ready bit (set_ready(i, false), the
   // only way one does): Note [A slot's ready mark].
   std::uint64_t unready_marks = 0;
-  std::vector<std::uint64_t> busy;  // not kept in segments of slots
+  zeroed_array<std::uint64_t> busy;  // not kept in segments of slots
   // What changes when a page's busy bit does.
   struct page_uses {
     // A page_wait's word: changes when the page becomes busy or free while a
@@ -105,8 +109,8 @@ struct chunk {
     std::uint64_t busy_mark = 0;
     std::uint64_t freed_at = 0;  // the owner's free count when the page last became free
   };
-  std::vector<page_uses> uses;   // not kept in segments of slots
-  std::vector<block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
+  zeroed_array<page_uses> uses;  // not kept in segments of slots
+  zeroed_array<block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
   // The word of a free slot's wait (block::wait_seen) when one of its pages has
   // no handle: only a repair, which takes the slot out of the cache, maps one.
   static constexpr std::uint64_t never_changes = 1;
@@ -169,10 +173,10 @@ struct chunk {
 
  private:
   // Page i's bit in a bitmap of 64-bit words (ready, busy).
-  static bool bit(const std::vector<std::uint64_t>& words, std::size_t i) noexcept {
+  static bool bit(const zeroed_array<std::uint64_t>& words, std::size_t i) noexcept {
     return (words[i >> 6] >> (i & 63)) & 1U;
   }
-  static void set_bit(std::vector<std::uint64_t>& words, std::size_t i, bool on) noexcept {
+  static void set_bit(zeroed_array<std::uint64_t>& words, std::size_t i, bool on) noexcept {
     if (on) words[i >> 6] |= std::uint64_t{1} << (i & 63);
     else words[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
   }

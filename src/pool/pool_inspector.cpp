@@ -209,6 +209,28 @@ std::size_t pool_inspector::slot_looks(vmm_pool_resource& pool) {
   return looks;
 }
 
+pool_inspector::record_bytes pool_inspector::page_records(vmm_pool_resource& pool) {
+  stream_ordered_pool& p = pool.impl_->pool;
+  std::shared_lock arenas_lock(p.arenas_mutex);
+  record_bytes r;
+  for (const auto& [key, a] : p.arenas) {
+    std::lock_guard lock(a->lock);
+    for (const chunk* c : a->chunks) {
+      auto add = [&](const auto& records) {
+        r.total += records.bytes();
+        r.resident += records.resident_bytes();
+      };
+      add(c->pages);
+      add(c->home_at);
+      add(c->ready);
+      add(c->busy);
+      add(c->uses);
+      add(c->slot_at);
+    }
+  }
+  return r;
+}
+
 std::size_t pool_inspector::live_requested_bytes(const pool_resource& pool, const void* ptr) {
   const stream_ordered_pool& p = pool.impl_->pool;
   const chunk* c = p.chunk_of(reinterpret_cast<std::uintptr_t>(ptr));

@@ -25,6 +25,13 @@ struct GPUMEM_EXPORT pool_inspector {
   static std::string violations(vmm_pool_resource& pool);
   // How many times the pool looked at a free slot's pages (every arena), ever.
   static std::size_t slot_looks(vmm_pool_resource& pool);
+  // The host memory of the paged pool's per-page records of its segments: all
+  // of it, and what the host holds now (Note [Page records on demand]).
+  struct record_bytes {
+    std::size_t total = 0;
+    std::size_t resident = 0;
+  };
+  static record_bytes page_records(vmm_pool_resource& pool);
   // The bytes requested for ptr when it is a live allocation of the pool, else 0.
   static std::size_t live_requested_bytes(const pool_resource& pool, const void* ptr);
 

@@ -177,15 +177,17 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
   c->size = bytes;
   if (page_bytes != 0) {
     const std::size_t n = bytes / page_bytes;
-    c->pages.assign(n, 0);
-    c->home_at.assign(n, nullptr);
-    c->ready.assign((n + 63) / 64, 0);
     if (base % page_bytes != 0) throw logic_error(where("add_chunk") + ": a paged segment must start on a page");
+    // Zero until written: a stream's first segment costs no pass over its
+    // records (Note [Page records on demand], zeroed_array.hpp).
+    c->pages = zeroed_array<std::uint64_t>(n);
+    c->home_at = zeroed_array<page_home*>(n);
+    c->ready = zeroed_array<std::uint64_t>((n + 63) / 64);
     if (for_slots) {
-      c->slot_at.assign(n, nullptr);
+      c->slot_at = zeroed_array<block*>(n);
     } else {
-      c->busy.assign((n + 63) / 64, 0);
-      c->uses.assign(n, {});
+      c->busy = zeroed_array<std::uint64_t>((n + 63) / 64);
+      c->uses = zeroed_array<chunk::page_uses>(n);
     }
   }
   chunk* raw = c.get();

@@ -373,7 +373,7 @@ TEST(FreeSlots, AnEntryTakenByAnotherSizeForgetsTheOldSizesSlots) {
 TEST(PageBitmap, AllReadyAgreesWithTheBitsOneByOne) {
   chunk c;
   constexpr std::size_t pages = 300;
-  c.ready.assign((pages + 63) / 64, 0);
+  c.ready = detail::zeroed_array<std::uint64_t>((pages + 63) / 64);
   std::mt19937_64 rng(11);
   for (int round = 0; round < 200; ++round) {
     // Mostly ready, a few holes, so that long ranges are sometimes all ready.
@@ -395,7 +395,7 @@ TEST(PageBitmap, AllReadyAgreesWithTheBitsOneByOne) {
 TEST(PageBitmap, CountAndUnreadyPagesAgreeWithTheBitsOneByOne) {
   chunk c;
   constexpr std::size_t pages = 300;
-  c.ready.assign((pages + 63) / 64, 0);
+  c.ready = detail::zeroed_array<std::uint64_t>((pages + 63) / 64);
   std::mt19937_64 rng(12);
   for (int round = 0; round < 200; ++round) {
     const unsigned holes = 1 + round % 4;  // from every other page to mostly ready
