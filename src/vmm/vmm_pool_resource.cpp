@@ -199,17 +199,21 @@ vmm_pool_statistics vmm_pool_resource::statistics() const {
   impl& m = *impl_;
   std::lock_guard growing(m.pool.growth_mutex);  // no page moves, is made or goes (a swap keeps each arena's count)
   const detail::pool_totals t = m.pool.collect();
-  std::size_t alias_pages = 0;
   std::size_t revived = 0;
   {
     std::shared_lock lock(m.pool.arenas_mutex);
     for (auto& [key, a] : m.pool.arenas) {
       std::lock_guard g(a->lock);
       revived += a->pages_revived;
-      for (const detail::chunk* c : a->chunks) {
-        for (std::size_t i = 0; i < c->pages.size(); ++i) alias_pages += c->pages[i] != 0 && !c->is_ready(i);
-      }
     }
+  }
+  // Every place of a handle but its primary is an alias. A swap (no growth
+  // mutex) changes which place is primary, never how many places there are or
+  // whether one is: the count is the handles', not the segments' pages, which
+  // run to the device's memory per segment.
+  std::size_t alias_pages = 0;
+  for (const auto& [handle, home] : m.homes) {
+    alias_pages += home.places.size() - (home.primary.load().c != nullptr ? 1U : 0U);
   }
   vmm_pool_statistics s;
   s.used_bytes = t.used_bytes;

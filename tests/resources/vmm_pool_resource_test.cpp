@@ -429,6 +429,7 @@ TEST_F(VmmPool, OwnFreePagesMoveBeforeNewOnesAreMade) {
   EXPECT_EQ(st.pages_moved, 8U);
   EXPECT_EQ(st.pages_created, 13U);
   EXPECT_EQ(st.mapped_bytes, 13 * g);
+  EXPECT_EQ(st.alias_pages, 8U) << "a's old places of the pages that moved";
   device_fill(c, 12 * g, 0x43, s);
   EXPECT_EQ(device_count_mismatches(b, g, 0x42, s), 0U);
   EXPECT_EQ(device_count_mismatches(c, 12 * g, 0x43, s), 0U);
