@@ -29,8 +29,8 @@ namespace gpumem::detail {
 // initial value: a null handle, a null pointer, no ready or busy bit, and
 // page_uses{} (T must be trivially copyable, and all-zero bytes its
 // value-initialised state). Reading a record never written reads the shared
-// zero page: the scans over a whole segment (statistics, the inspector, the
-// address shortage) commit nothing.
+// zero page: the scans over a whole segment (the inspector, the address
+// shortage, a trim's walk of a free block over the segment's tail) commit nothing.
 template <class T>
 class zeroed_array {
   static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>,

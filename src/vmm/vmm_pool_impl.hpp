@@ -64,7 +64,9 @@ struct page_home {
   shared_page_ref primary;
   std::vector<page_ref> places;
   std::uint64_t rank = 0;  // the order handles were made in
-  bool has_aliases() const noexcept { return places.size() > (primary.load().c != nullptr ? 1U : 0U); }
+  // Its places but the primary (a swap changes which place that is, not how many).
+  std::size_t aliases() const noexcept { return places.size() - (primary.load().c != nullptr ? 1U : 0U); }
+  bool has_aliases() const noexcept { return aliases() != 0; }
 };
 
 }  // namespace detail

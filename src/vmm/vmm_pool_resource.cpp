@@ -207,14 +207,10 @@ vmm_pool_statistics vmm_pool_resource::statistics() const {
       revived += a->pages_revived;
     }
   }
-  // Every place of a handle but its primary is an alias. A swap (no growth
-  // mutex) changes which place is primary, never how many places there are or
-  // whether one is: the count is the handles', not the segments' pages, which
-  // run to the device's memory per segment.
+  // Counted over the handles, not over the segments' pages, which run to the
+  // device's memory per segment; a swap (no growth mutex) keeps each handle's count.
   std::size_t alias_pages = 0;
-  for (const auto& [handle, home] : m.homes) {
-    alias_pages += home.places.size() - (home.primary.load().c != nullptr ? 1U : 0U);
-  }
+  for (const auto& [handle, home] : m.homes) alias_pages += home.aliases();
   vmm_pool_statistics s;
   s.used_bytes = t.used_bytes;
   s.mapped_bytes = m.pool.reserved_bytes.load();
