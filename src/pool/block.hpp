@@ -98,6 +98,7 @@ struct chunk {
   zeroed_array<std::uint64_t> pages;
   zeroed_array<page_home*> home_at;  // the record of the handle in `pages` (null: none)
   zeroed_array<std::uint64_t> ready;
+  zeroed_array<std::uint64_t> mapped;  // bit set where `pages` holds a handle (set_page)
   // How many times a page here lost its ready bit (set_ready(i, false), the
   // only way one does): Note [A slot's ready mark].
   std::uint64_t unready_marks = 0;
@@ -170,6 +171,30 @@ struct chunk {
     if (!on) ++unready_marks;
   }
   void set_busy(std::size_t i, bool on) noexcept { set_bit(busy, i, on); }
+  // Records the handle mapped at page i (0: none) and its bit in `mapped`:
+  // the only way `pages` changes once the segment is made.
+  void set_page(std::size_t i, std::uint64_t handle) noexcept {
+    pages[i] = handle;
+    set_bit(mapped, i, handle != 0);
+  }
+  // Calls f(i) on every page i in [from, to) whose bit is set in bits(w), the
+  // w-th word of a bitmap the caller forms (ready, mapped, mapped & ~ready), in
+  // order, until f returns false; returns whether it ran to the end. A word at
+  // a time: a segment's unused tail costs a load a word, not one a page. Each
+  // word is read before its pages are visited, so f may change page i's own
+  // bits, not a later page's.
+  template <class Bits, class F>
+  bool for_each_where(std::size_t from, std::size_t to, Bits&& bits, F&& f) const {
+    for (std::size_t i = from; i < to;) {
+      const std::size_t stop = std::min(to, (i | 63) + 1);
+      std::uint64_t word = (bits(i >> 6) >> (i & 63)) & run_mask(stop - i);
+      for (; word != 0; word &= word - 1) {
+        if (!f(i + static_cast<std::size_t>(std::countr_zero(word)))) return false;
+      }
+      i = stop;
+    }
+    return true;
+  }
 
  private:
   // Page i's bit in a bitmap of 64-bit words (ready, busy).

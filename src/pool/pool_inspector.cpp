@@ -151,6 +151,9 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
     std::size_t ready_bytes = 0;
     for (chunk* c : a->chunks) {
       for (std::size_t i = 0; i < c->pages.size(); ++i) {
+        if (((c->mapped[i >> 6] >> (i & 63)) & 1U) != (c->pages[i] != 0 ? 1U : 0U)) {
+          return "page " + std::to_string(i) + "'s mapped bit disagrees with its handle";
+        }
         if (c->pages[i] == 0) {
           if (c->is_ready(i)) return "a page without a handle is marked ready";
           if (c->home_at[i] != nullptr) return "a page without a handle points at a handle's record";
@@ -223,6 +226,7 @@ pool_inspector::record_bytes pool_inspector::page_records(vmm_pool_resource& poo
       add(c->pages);
       add(c->home_at);
       add(c->ready);
+      add(c->mapped);
       add(c->busy);
       add(c->uses);
       add(c->slot_at);

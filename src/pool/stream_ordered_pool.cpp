@@ -183,6 +183,7 @@ chunk* stream_ordered_pool::add_chunk(arena& a, std::uintptr_t base, std::size_t
     c->pages = zeroed_array<std::uint64_t>(n);
     c->home_at = zeroed_array<page_home*>(n);
     c->ready = zeroed_array<std::uint64_t>((n + 63) / 64);
+    c->mapped = zeroed_array<std::uint64_t>((n + 63) / 64);
     if (for_slots) {
       c->slot_at = zeroed_array<block*>(n);
     } else {

@@ -149,7 +149,7 @@ std::size_t vmm_pool_resource::impl::give_back_addresses() {
         // One block over the whole segment, free (blocks) or vacant (slots):
         // nothing is in use there, pending or cached, and no slot holds it.
         const bool empty = b->next_in_chunk == nullptr && (c->for_slots ? b->vacant : b->free);
-        const bool unmapped = std::all_of(c->pages.begin(), c->pages.end(), [](std::uint64_t h) { return h == 0; });
+        const bool unmapped = std::all_of(c->mapped.begin(), c->mapped.end(), [](std::uint64_t w) { return w == 0; });
         if (!empty || !unmapped) {
           ++i;
           continue;

@@ -189,7 +189,7 @@ void vmm_pool_resource::impl::unmap_alias(chunk& c, std::size_t i) {
   vm::unmap(pool.device, c.base + i * page, page);
   auto& places = c.home_at[i]->places;
   places.erase(std::find(places.begin(), places.end(), page_ref{&c, i}));
-  c.pages[i] = 0;
+  c.set_page(i, 0);
   c.home_at[i] = nullptr;
 }
 
@@ -250,7 +250,7 @@ bool vmm_pool_resource::impl::map_pages(arena& a, chunk& c, std::size_t first,
     throw;
   }
   for (std::size_t k = 0; k < n; ++k) {
-    c.pages[first + k] = handles[from + k];
+    c.set_page(first + k, handles[from + k]);
     c.set_ready(first + k, true);
     page_home& h = homes[handles[from + k]];
     c.home_at[first + k] = &h;
@@ -348,9 +348,12 @@ void vmm_pool_resource::impl::reap_aliases(arena& s) {
   for_each_settled_free(s, [&](const block* b) {
     chunk& c = *b->owner;
     const page_span span = whole_pages(b, page);
-    for (std::size_t i = span.first; i < span.end; ++i) {
-      if (c.pages[i] != 0 && !c.is_ready(i)) unmap_alias(c, i);
-    }
+    // The aliases: mapped, not the handle's primary place.
+    c.for_each_where(span.first, span.end, [&](std::size_t w) { return c.mapped[w] & ~c.ready[w]; },
+                     [&](std::size_t i) {
+                       unmap_alias(c, i);
+                       return true;
+                     });
   });
 }
 
@@ -359,21 +362,22 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
   for_each_settled_free(s, [&](const block* b) {
     chunk& c = *b->owner;
     const page_span span = whole_pages(b, page);
-    for (std::size_t i = span.first; i < span.end && released + page <= at_most; ++i) {
-      if (!c.is_ready(i)) continue;
+    c.for_each_where(span.first, span.end, [&](std::size_t w) { return c.ready[w]; }, [&](std::size_t i) {
+      if (released + page > at_most) return false;
       const std::uint64_t h = c.pages[i];
-      if (c.home_at[i]->has_aliases()) continue;  // mapped elsewhere too: reap_aliases first
+      if (c.home_at[i]->has_aliases()) return true;  // mapped elsewhere too: reap_aliases first
       vm::unmap(pool.device, c.base + i * page, page);
       vm::release(pool.device, h);
       homes.erase(h);
-      c.pages[i] = 0;
+      c.set_page(i, 0);
       c.home_at[i] = nullptr;
       c.set_ready(i, false);
       s.reserved_bytes -= page;
       pool.reserved_bytes -= page;
       ++pages_released;
       released += page;
-    }
+      return true;
+    });
   });
   // Free slots left without any page become vacant addresses again.
   std::vector<block*> empty;

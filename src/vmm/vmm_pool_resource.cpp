@@ -110,12 +110,13 @@ void vmm_pool_resource::impl::release_everything() noexcept {
     GPUMEM_CU(cuCtxSynchronize);
     // Every mapping goes (primary places and aliases), then every handle once.
     for (auto& [base, c] : pool.chunks) {
-      for (std::size_t i = 0; i < c->pages.size(); ++i) {
-        if (c->pages[i] == 0) continue;
-        vm::unmap(pool.device, c->base + i * page, page);
-        c->pages[i] = 0;
-      }
-      vm::free_addresses(pool.device, c->base, c->size);
+      chunk& k = *c;
+      k.for_each_where(0, k.pages.size(), [&](std::size_t w) { return k.mapped[w]; }, [&](std::size_t i) {
+        vm::unmap(pool.device, k.base + i * page, page);
+        k.set_page(i, 0);
+        return true;
+      });
+      vm::free_addresses(pool.device, k.base, k.size);
     }
     for (const auto& [handle, home] : homes) vm::release(pool.device, handle);
     homes.clear();

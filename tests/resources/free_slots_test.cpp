@@ -428,5 +428,58 @@ TEST(PageBitmap, CountAndUnreadyPagesAgreeWithTheBitsOneByOne) {
   }
 }
 
+// chunk::set_page and chunk::for_each_where, which trims and the address
+// shortage use to visit the mapped pages, the aliases (mapped, not ready) and
+// the ready ones a word at a time, against the pages one by one; and a stop
+// on request.
+TEST(PageBitmap, PagesWhereABitmapSaysAgreeWithThePagesOneByOne) {
+  chunk c;
+  constexpr std::size_t pages = 300;
+  c.pages = detail::zeroed_array<std::uint64_t>(pages);
+  c.ready = detail::zeroed_array<std::uint64_t>((pages + 63) / 64);
+  c.mapped = detail::zeroed_array<std::uint64_t>((pages + 63) / 64);
+  std::mt19937_64 rng(13);
+  for (int round = 0; round < 100; ++round) {
+    // Long stretches without a handle (a segment's tail), aliases, ready pages.
+    for (std::size_t i = 0; i < pages; ++i) {
+      const bool has = (i / 64 + round) % 3 != 0 && rng() % 4 != 0;
+      c.set_page(i, has ? 1 + rng() % 1000 : 0);
+      c.set_ready(i, has && rng() % 2 == 0);
+    }
+    for (int q = 0; q < 100; ++q) {
+      const std::size_t from = q % 5 == 0 ? (rng() % 4) * 64 : rng() % pages;
+      const std::size_t to = from + rng() % (pages - from + 1);
+      std::vector<std::size_t> mapped, aliases;
+      for (std::size_t i = from; i < to; ++i) {
+        if (c.pages[i] != 0) mapped.push_back(i);
+        if (c.pages[i] != 0 && !c.is_ready(i)) aliases.push_back(i);
+      }
+      std::vector<std::size_t> seen;
+      ASSERT_TRUE(c.for_each_where(from, to, [&](std::size_t w) { return c.mapped[w]; }, [&](std::size_t i) {
+        seen.push_back(i);
+        return true;
+      }));
+      ASSERT_EQ(seen, mapped) << "pages " << from << " to " << to;
+      seen.clear();
+      ASSERT_TRUE(c.for_each_where(from, to, [&](std::size_t w) { return c.mapped[w] & ~c.ready[w]; },
+                                   [&](std::size_t i) {
+                                     seen.push_back(i);
+                                     c.set_page(i, 0);  // as unmap_alias does: its own bit only
+                                     return true;
+                                   }));
+      ASSERT_EQ(seen, aliases) << "pages " << from << " to " << to;
+      for (std::size_t i : aliases) c.set_page(i, 7);  // back
+      if (mapped.size() >= 2) {
+        seen.clear();
+        ASSERT_FALSE(c.for_each_where(from, to, [&](std::size_t w) { return c.mapped[w]; }, [&](std::size_t i) {
+          seen.push_back(i);
+          return seen.size() < 2;
+        }));
+        ASSERT_EQ(seen, std::vector<std::size_t>(mapped.begin(), mapped.begin() + 2));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gpumem::test
