@@ -118,6 +118,7 @@ struct chunk {
   bool for_slots = false;                // a segment of slots and vacant addresses
 
   bool is_ready(std::size_t i) const noexcept { return bit(ready, i); }
+  bool is_mapped(std::size_t i) const noexcept { return bit(mapped, i); }
   // Whether a block that is not free (live, pending) touches page i. A slot is
   // such a block unless it waits in the slot cache.
   bool page_busy(std::size_t i) const noexcept {

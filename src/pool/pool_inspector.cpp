@@ -151,7 +151,7 @@ std::string pool_inspector::violations(vmm_pool_resource& pool) {
     std::size_t ready_bytes = 0;
     for (chunk* c : a->chunks) {
       for (std::size_t i = 0; i < c->pages.size(); ++i) {
-        if (((c->mapped[i >> 6] >> (i & 63)) & 1U) != (c->pages[i] != 0 ? 1U : 0U)) {
+        if (c->is_mapped(i) != (c->pages[i] != 0)) {
           return "page " + std::to_string(i) + "'s mapped bit disagrees with its handle";
         }
         if (c->pages[i] == 0) {
