@@ -13,7 +13,6 @@
 namespace gpumem::detail {
 namespace {
 
-std::atomic<const driver_api*> selected{nullptr};
 std::mutex selection_mutex;
 
 const driver_api& require_cuda() {
@@ -53,24 +52,21 @@ const driver_api& resolve(backend_choice choice) {
 
 }  // namespace
 
-const driver_api& driver() {
-  if (const driver_api* d = selected.load(std::memory_order_acquire)) [[likely]] {
-    return *d;
-  }
+std::atomic<const driver_api*> selected_driver{nullptr};
+
+const driver_api& select_driver() {
   std::lock_guard lock(selection_mutex);
-  if (const driver_api* d = selected.load(std::memory_order_acquire)) {
+  if (const driver_api* d = selected_driver.load(std::memory_order_acquire)) {
     return *d;
   }
   const driver_api& d = resolve(backend_choice::from_environment);
-  selected.store(&d, std::memory_order_release);
+  selected_driver.store(&d, std::memory_order_release);
   return d;
 }
 
-const driver_api* driver_if_selected() noexcept { return selected.load(std::memory_order_acquire); }
-
 backend_kind select(backend_choice choice) {
   std::lock_guard lock(selection_mutex);
-  const driver_api* current = selected.load(std::memory_order_acquire);
+  const driver_api* current = selected_driver.load(std::memory_order_acquire);
   auto already_in_use = [&] {
     return logic_error(std::string("gpumem::select_backend: backend '") + std::string(to_string(current->kind)) +
                        "' is already in use; select the backend before gpumem is first used");
@@ -86,7 +82,7 @@ backend_kind select(backend_choice choice) {
   }
   const driver_api& wanted = *resolved;
   if (current != nullptr && current != &wanted) throw already_in_use();
-  selected.store(&wanted, std::memory_order_release);
+  selected_driver.store(&wanted, std::memory_order_release);
   return wanted.kind;
 }
 

@@ -3,6 +3,7 @@
 // gpumem calls into it (GPUMEM_CU). See entry_points.hpp for the contract.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
@@ -30,11 +31,24 @@ struct driver_api {
 GPUMEM_DRIVER_ENTRY_POINTS(GPUMEM_CHECK_ENTRY_ABI)
 #undef GPUMEM_CHECK_ENTRY_ABI
 
+// The selected backend's table, or null before selection. Written only under
+// driver.cpp's selection mutex; read here, on every driver call.
+GPUMEM_EXPORT extern std::atomic<const driver_api*> selected_driver;
+
+// Selects the backend (GPUMEM_BACKEND) when none is yet, under the selection mutex.
+GPUMEM_EXPORT const driver_api& select_driver();
+
 // The table of the selected backend; selects it on first use (GPUMEM_BACKEND or
 // select_backend()). Throws driver_unavailable when the backend cannot be used.
-GPUMEM_EXPORT const driver_api& driver();
+// Inline: the pools' capture query goes through it on every call, and a call
+// into the library's exported accessor (through the PLT) was a measurable part
+// of it (docs/benchmarks.md).
+inline const driver_api& driver() {
+  if (const driver_api* d = selected_driver.load(std::memory_order_acquire)) [[likely]] return *d;
+  return select_driver();
+}
 // The selected backend's table, or null before selection; never selects or locks.
-const driver_api* driver_if_selected() noexcept;
+inline const driver_api* driver_if_selected() noexcept { return selected_driver.load(std::memory_order_acquire); }
 
 // Throws gpumem::cuda_error for a failed call. Cold path kept out of line.
 [[noreturn]] GPUMEM_EXPORT void throw_cuda_error(CUresult result, const char* api, const char* file, int line);
