@@ -40,9 +40,9 @@ GPUMEM_EXPORT const driver_api& select_driver();
 
 // The table of the selected backend; selects it on first use (GPUMEM_BACKEND or
 // select_backend()). Throws driver_unavailable when the backend cannot be used.
-// Inline: the pools' capture query goes through it on every call, and a call
-// into the library's exported accessor (through the PLT) was a measurable part
-// of it (docs/benchmarks.md).
+// Inline: the pools' capture query goes through it on every call, where an
+// exported accessor costs a call through the PLT each time (docs/benchmarks.md,
+// "Where gpumem loses, and why").
 inline const driver_api& driver() {
   if (const driver_api* d = selected_driver.load(std::memory_order_acquire)) [[likely]] return *d;
   return select_driver();
