@@ -65,6 +65,12 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         }
         if (c->for_slots && !b->slot) return "a segment of slots holds a block that is not a slot";
         if (b->slot && (b->address % page != 0 || b->size % page != 0)) return "a slot is not whole pages";
+        // Note [A free tells a slot by its size first], stream_ordered_pool.hpp: a
+        // live slot (one a free may name) was handed out for slot_min_bytes or more.
+        if (b->slot && !b->free && !b->cached && b->requested_bytes < p.settings.slot_min_bytes) {
+          why << "a live slot was handed out for " << b->requested_bytes << " bytes, under slot_min_bytes";
+          return why.str();
+        }
         if (b->free) {
           if (b->cached) return "a block is both free and cached";
           if (prev != nullptr && prev->free) return "two free neighbours were not merged";

@@ -261,5 +261,35 @@ TEST_F(VmmPoolSlots, ALoopWhoseStepsVarySettles) {
   s.synchronize();
 }
 
+TEST_F(VmmPoolSlots, ALargeRequestAlignedPastAPageIsABlockAndIsFreedAsOne) {
+  // A free of slot_min_bytes or more reads whether the block is a slot (Note [A
+  // free tells a slot by its size first]): one aligned past a page is a block,
+  // and goes back to the blocks; the slot of the same size to the slots.
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  void* slot = pool.allocate(3 * g, s);
+  void* block = pool.allocate(3 * g, s, 4 * g);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(block) % (4 * g), 0U);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  pool.deallocate(block, 3 * g, s, 4 * g);
+  pool.deallocate(slot, 3 * g, s);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  EXPECT_EQ(pool.statistics().used_bytes, 0U);
+  // Each is served again from where it went: the slot from the slot cache.
+  void* slot_again = pool.allocate(3 * g, s);
+  void* block_again = pool.allocate(3 * g, s, 4 * g);
+  EXPECT_EQ(slot_again, slot);
+  EXPECT_NE(block_again, slot);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(block_again) % (4 * g), 0U);
+  device_fill(block_again, 3 * g, 0x5A, s);
+  EXPECT_EQ(device_count_mismatches(block_again, 3 * g, 0x5A, s), 0U);
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  pool.deallocate(block_again, 3 * g, s, 4 * g);
+  pool.deallocate(slot_again, 3 * g, s);
+  s.synchronize();
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  EXPECT_EQ(pool.statistics().used_bytes, 0U);
+}
+
 }  // namespace
 }  // namespace gpumem::test
