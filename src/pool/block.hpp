@@ -7,7 +7,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "pool/zeroed_array.hpp"
@@ -67,6 +69,8 @@ struct block {
   // with every page its own, or no_ready_mark (Note [A slot's ready mark]).
   std::uint64_t ready_mark = 0;
 };
+
+static_assert(std::is_trivially_copyable_v<block>, "block_slab::make copies an empty record");
 
 inline constexpr std::uint64_t slot_freed = std::uint64_t{1} << 63;
 // A ready mark no chunk's count reaches: the slot's pages must be looked at.
@@ -224,7 +228,11 @@ class block_slab {
     if (free_ == nullptr) refill();
     block* b = free_;
     free_ = b->next_free;
-    *b = block{};
+    // Copied from an empty record, not assigned `block{}`: GCC makes that a
+    // `rep stos`, whose start-up on every carve that splits cost more than the
+    // record's few vector stores (docs/benchmarks.md, "Where gpumem loses, and why").
+    static constexpr block empty{};
+    std::memcpy(static_cast<void*>(b), &empty, sizeof(block));
     return b;
   }
   void recycle(block* b) noexcept {
