@@ -34,7 +34,9 @@ struct block {
   std::size_t requested_bytes = 0;  // as the caller asked; checked on deallocate
   block* prev_in_chunk = nullptr;   // physical neighbours, address order
   block* next_in_chunk = nullptr;
-  block* prev_free = nullptr;       // free-list links (free blocks only)
+  // Free-list links (free blocks only): the link that points here (a list's head
+  // or the previous block's next_free), and the next block.
+  block** free_link = nullptr;
   block* next_free = nullptr;
   chunk* owner = nullptr;
   // The owning arena's free counter when the block last became free; the block

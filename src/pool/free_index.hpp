@@ -5,8 +5,20 @@
 // Classes: sizes below 16 granules get one class per granule; above, each power
 // of two is split into 16 classes (so a found block wastes at most 1/16).
 //
-// Intrusive over any Node with `size`, `prev_free` and `next_free`: pool_resource's
-// blocks (free_index) and vmm_pool_resource's mapped free blocks use it.
+// Intrusive over any Node with `size`, `free_link` and `next_free`: the blocks of
+// both pools (free_index).
+//
+// Note [Free lists without branches on their ends]
+// Each list is singly linked forward (next_free) and each block keeps the address
+// of the link that points to it (free_link: the list's head, or the previous
+// block's next_free), so a removal unlinks the block with one store whether or not
+// it is first, and the bitmaps follow whether the list is now empty by arithmetic.
+// The one end left, the next block's back link, is written through a select
+// between that block and a scratch node. Whether a block is first in its list, or
+// last, or alone, is what the random sizes of W2 and of real programs make
+// unpredictable: as branches, about a quarter of those mispredicted
+// (docs/benchmarks.md, "Where gpumem loses, and why"). The index must not move
+// (links point into heads_): an arena holds it in place.
 #pragma once
 
 #include <array>
@@ -26,12 +38,17 @@ class basic_free_index {
   static constexpr unsigned sl_count = 1U << sl_bits;
   static constexpr unsigned fl_count = 64 - granule_shift - sl_bits + 1;
 
+  basic_free_index() = default;
+  basic_free_index(const basic_free_index&) = delete;  // links point into heads_
+  basic_free_index& operator=(const basic_free_index&) = delete;
+
   void insert(Node* b) noexcept {
     auto [fl, sl] = class_of(b->size);
     Node*& head = heads_[fl][sl];
-    b->prev_free = nullptr;
-    b->next_free = head;
-    if (head != nullptr) head->prev_free = b;
+    Node* const next = head;
+    b->next_free = next;
+    b->free_link = &head;
+    back_of(next)->free_link = &b->next_free;
     head = b;
     fl_map_ |= std::uint64_t{1} << fl;
     sl_map_[fl] |= 1U << sl;
@@ -41,17 +58,15 @@ class basic_free_index {
 
   void remove(Node* b) noexcept {
     auto [fl, sl] = class_of(b->size);
-    if (b->prev_free != nullptr) {
-      b->prev_free->next_free = b->next_free;
-    } else {
-      heads_[fl][sl] = b->next_free;
-      if (b->next_free == nullptr) {
-        sl_map_[fl] &= ~(1U << sl);
-        if (sl_map_[fl] == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
-      }
-    }
-    if (b->next_free != nullptr) b->next_free->prev_free = b->prev_free;
-    b->prev_free = b->next_free = nullptr;
+    Node* const next = b->next_free;
+    *b->free_link = next;
+    back_of(next)->free_link = b->free_link;
+    // The list's bits go when it is empty now (Note [Free lists without branches on their ends]).
+    const std::uint32_t list_empty = heads_[fl][sl] == nullptr ? 1U : 0U;
+    sl_map_[fl] &= ~(list_empty << sl);
+    fl_map_ &= ~(std::uint64_t{sl_map_[fl] == 0 ? 1U : 0U} << fl);
+    b->free_link = nullptr;
+    b->next_free = nullptr;
     --count_;
     bytes_ -= b->size;
   }
@@ -157,8 +172,13 @@ class basic_free_index {
     return rounded < size ? size : rounded;  // overflow: the search then finds nothing larger
   }
 
+  // The node whose back link a list's end writes: the next block, or the scratch
+  // node past the last one (a select, not a branch).
+  Node* back_of(Node* next) noexcept { return next != nullptr ? next : &scratch_; }
+
   std::uint64_t fl_map_ = 0;
   std::array<std::uint32_t, fl_count> sl_map_{};
+  Node scratch_{};
   std::array<std::array<Node*, sl_count>, fl_count> heads_{};
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
