@@ -16,9 +16,9 @@
 // The one end left, the next block's back link, is written through a select
 // between that block and a scratch node. Whether a block is first in its list, or
 // last, or alone, is what the random sizes of W2 and of real programs make
-// unpredictable: as branches, about a quarter of those mispredicted
-// (docs/benchmarks.md, "Where gpumem loses, and why"). The index must not move
-// (links point into heads_): an arena holds it in place.
+// unpredictable, and as branches those were mispredicted often (docs/benchmarks.md,
+// "Where gpumem loses, and why"). The index must not move (links point into
+// heads_): an arena holds it in place. pool_inspector checks every free block's link.
 #pragma once
 
 #include <array>

@@ -73,6 +73,8 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         }
         if (b->free) {
           if (b->cached) return "a block is both free and cached";
+          // Note [Free lists without branches on their ends], free_index.hpp.
+          if (b->free_link == nullptr || *b->free_link != b) return "a free block's list link does not point to it";
           if (prev != nullptr && prev->free) return "two free neighbours were not merged";
           free_bytes += b->size;
           ++free_count;

@@ -456,8 +456,7 @@ inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream
 // caller passed in, settles the branch early, and b->slot is read only for
 // the large ones (an over-aligned large request is a block). Kept as two
 // branches on purpose: folded into one, the test would wait for the record
-// again. W2 max 4 MiB ran 3.5-4% faster for it on the simulator
-// (docs/benchmarks.md, "Where gpumem loses, and why").
+// again. Measured in docs/benchmarks.md, "Where gpumem loses, and why".
 inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t address, std::size_t bytes) {
   a.used_bytes -= b->size;
   b->free_epoch = ++a.frees;
