@@ -163,15 +163,7 @@ struct chunk {
   // the ready bit of i itself (a swap), not that of a later page in the range.
   template <class F>
   bool for_each_unready(std::size_t from, std::size_t to, F&& f) const {
-    for (std::size_t i = from; i < to;) {
-      const std::size_t stop = std::min(to, (i | 63) + 1);
-      std::uint64_t bits = ~ready_run(i, stop) & run_mask(stop - i);
-      for (; bits != 0; bits &= bits - 1) {
-        if (!f(i + static_cast<std::size_t>(std::countr_zero(bits)))) return false;
-      }
-      i = stop;
-    }
-    return true;
+    return for_each_where(from, to, [&](std::size_t w) { return ~ready[w]; }, f);
   }
   void set_ready(std::size_t i, bool on) noexcept {
     set_bit(ready, i, on);
