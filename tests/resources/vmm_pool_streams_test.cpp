@@ -179,12 +179,16 @@ TEST_F(VmmPoolStreams, TakingBackAnotherStreamsPagesWaitsOnceWithoutAContextSwit
     p = pool.allocate(8 * g, a);
     pool.deallocate(p, 8 * g, a);
     void* q = pool.allocate(8 * g, b);  // a's pages, moved
-    pool.deallocate(q, 8 * g, b);       // fenced: a must wait for b's fence on the device
+    // b still runs when a asks: its fence is not complete, so a must wait on the device.
+    held_check hold(q, 8 * g, 0x3C, std::chrono::milliseconds(200), b);
+    pool.deallocate(q, 8 * g, b);
     const std::uint64_t waits_before = calls("cuStreamWaitEvent");
     const std::uint64_t switches_before = calls("cuCtxSetCurrent");
     again = pool.allocate(8 * g, a);
     waits = calls("cuStreamWaitEvent") - waits_before;
     switches = calls("cuCtxSetCurrent") - switches_before;
+    device_fill(again, 8 * g, 0x52, a);
+    EXPECT_EQ(hold.mismatches(), 0U) << "a's work ran after b's, which still used the pages";
   });
   bare.join();
   ASSERT_EQ(again, p) << "a takes its slot back by swapping";
