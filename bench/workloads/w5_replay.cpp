@@ -382,17 +382,21 @@ class replay_workload final : public workload {
   // with a segmentation fault on exactly the logs that use streams of their own,
   // when the replay's streams were destroyed before it was. So the set that holds
   // a log's replay streams (made by the first replay that needs each) lives
-  // longer than the row's resource: the streams are destroyed after it.
+  // longer than the row's resource: the streams are destroyed after it. They are
+  // also made before it (tools::make_replay_streams): RMM's arena sized from the
+  // free memory left too little for cuStreamCreate on data-pipeline when its
+  // streams were made by the first replay, and its row failed.
 
   // Time and memory from one fresh resource: a measuring replay (the warm-up),
   // then the timed ones.
   static std::vector<cell> measure_time_and_memory(const subject& s, const context& ctx, const trace& t) {
+    // One set of streams for every replay on this resource, as a program's steps
+    // reuse theirs, made before it and destroyed after it (Note [The replay's
+    // streams outlive the resource]).
+    tools::replay_stream_set streams;
+    tools::make_replay_streams(streams, t.events, ctx.device);
     // Before the resource exists: what a pool takes at construction counts as reserved.
     const std::size_t baseline_free = device_memory_info(ctx.device).free_bytes;
-    // One set of streams for every replay on this resource, as a program's steps
-    // reuse theirs, destroyed after the resource (Note [The replay's streams
-    // outlive the resource]).
-    tools::replay_stream_set streams;
     return run_cells(s, ctx, 2, [&](memory_resource& mr, stream&) -> std::vector<cell> {
       if (mr.properties().device != ctx.device) {
         const cell skip = skipped_cell("does not hand out device " + std::to_string(ctx.device) +
@@ -465,13 +469,16 @@ class replay_workload final : public workload {
   // log's peak live bytes of the device free.
   static cell measure_oom(const subject& s, const context& ctx, const trace& t) {
     const std::size_t keep_free = static_cast<std::size_t>(static_cast<double>(t.peak_live_bytes) * oom_headroom);
+    // Made before the ballast: the headroom left is the resource's alone (Note
+    // [The replay's streams outlive the resource]).
+    tools::replay_stream_set streams;
+    tools::make_replay_streams(streams, t.events, ctx.device);
     std::unique_ptr<ballast> held;
     try {
       held = std::make_unique<ballast>(ctx.device, keep_free);
     } catch (const std::exception& e) {
       return skipped_cell(std::string("could not place the ballast: ") + e.what());
     }
-    tools::replay_stream_set streams;  // outlives the resource, as above
     return run_cell(s, ctx, [&](memory_resource& mr, stream&) -> cell {
       if (mr.properties().device != ctx.device) {
         return skipped_cell("does not hand out device " + std::to_string(ctx.device) + "'s memory");

@@ -85,6 +85,22 @@ struct step {
 
 }  // namespace
 
+stream_view replay_stream(replay_stream_set& set, std::uint64_t logged, int device) {
+  if (logged == 0) return stream_view{};
+  if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY)) return stream_view::legacy_default();
+  if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD)) return stream_view::per_thread();
+  auto& s = set.by_logged[logged];
+  if (!s) s = std::make_unique<stream>(device);
+  return s->view();
+}
+
+void make_replay_streams(replay_stream_set& set, const std::vector<logged_event>& events, int device,
+                         const std::string& source) {
+  for (const logged_event& e : events) {
+    if (e.source == source && e.ok()) (void)replay_stream(set, e.stream, device);
+  }
+}
+
 replay_result replay_events_on(const std::vector<logged_event>& events, memory_resource& mr,
                                const replay_options& options, const replay_observer& observer) {
   replay_result result;
@@ -139,15 +155,9 @@ replay_result replay_events_on(const std::vector<logged_event>& events, memory_r
 
   // ---- streams and threads as logged ----
   replay_stream_set own_streams;
-  auto& streams = (options.streams != nullptr ? *options.streams : own_streams).by_logged;
-  auto view_of = [&](std::uint64_t logged) -> stream_view {
-    if (logged == 0) return stream_view{};
-    if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY)) return stream_view::legacy_default();
-    if (logged == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD)) return stream_view::per_thread();
-    auto& s = streams[logged];
-    if (!s) s = std::make_unique<stream>(options.device);
-    return s->view();
-  };
+  replay_stream_set& stream_set = options.streams != nullptr ? *options.streams : own_streams;
+  auto& streams = stream_set.by_logged;
+  auto view_of = [&](std::uint64_t logged) { return replay_stream(stream_set, logged, options.device); };
   std::map<std::uint32_t, std::vector<step>> per_thread;
   std::set<std::uint64_t> logged_streams;
   for (std::size_t k = 0; k < chosen.size(); ++k) {

@@ -30,6 +30,18 @@ struct replay_stream_set {
   std::map<std::uint64_t, std::unique_ptr<stream>> by_logged;  // by the logged stream handle
 };
 
+// The stream that stands for the logged stream `logged` (made in `set` on `device`
+// when first asked for; the logged default streams stand for themselves).
+stream_view replay_stream(replay_stream_set& set, std::uint64_t logged, int device);
+
+// Makes in `set` every stream the rows of `source` in `events` name, before a
+// resource exists: a resource may take the device's free memory when it is made
+// (RMM's arena sized from it), and a stream made after it could then fail for
+// want of memory (cuStreamCreate needs a little); nor is a stream's memory the
+// resource's.
+void make_replay_streams(replay_stream_set& set, const std::vector<logged_event>& events, int device,
+                         const std::string& source = "app");
+
 struct replay_options {
   std::string resource = "pool";  // GPUMEM_CONF grammar
   int device = 0;

@@ -5,6 +5,7 @@
 
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -12,6 +13,7 @@
 
 #include "common/event_log_reader.hpp"
 #include "gpumem/adaptors/logging.hpp"
+#include "gpumem/adaptors/resource_adaptor.hpp"
 #include "gpumem/adaptors/statistics.hpp"
 #include "gpumem/cuda_resource.hpp"
 #include "gpumem/error.hpp"
@@ -204,6 +206,58 @@ TEST(Replay, ALogOfTwentyThousandThreadsReplaysOnABoundedNumberOfThreads) {
       EXPECT_EQ(r.peak_live_bytes, r.log_peak_live_bytes);
     }
   }
+}
+
+// Records the streams it is asked to allocate on.
+class stream_recorder final : public resource_adaptor {
+ public:
+  explicit stream_recorder(std::shared_ptr<memory_resource> up) : resource_adaptor(std::move(up), "stream_recorder") {}
+  std::set<CUstream> seen;
+
+ private:
+  void* do_allocate(std::size_t bytes, stream_view s, std::size_t alignment) override {
+    seen.insert(s.handle());
+    return upstream_allocate(bytes, s, alignment);
+  }
+  void do_deallocate(void* p, std::size_t bytes, stream_view s, std::size_t alignment) override {
+    upstream_deallocate(p, bytes, s, alignment);
+  }
+};
+
+// W5 makes a log's streams before each row's resource (a resource sized from the
+// free memory can leave too little for cuStreamCreate); the replays must then run
+// on exactly those streams and make none of their own.
+TEST(Replay, StreamsMadeBeforeTheResourceAreTheOnesTheReplayUses) {
+  std::uint64_t seq = 0;
+  auto event = [&seq](std::uint64_t stream, const char* source, bool allocate, std::uint64_t ptr) {
+    return gpumem::tools::logged_event{.seq = ++seq, .thread = 1, .stream = stream, .source = source,
+                                       .allocate = allocate, .ptr = ptr, .bytes = 4096, .outcome = "ok",
+                                       .site = {}, .line = 0};
+  };
+  const std::vector<gpumem::tools::logged_event> events = {
+      event(0xA, "app", true, 0x1000),      event(0xB, "app", true, 0x2000),
+      event(0, "app", true, 0x3000),        event(0xC, "upstream", true, 0x9000),
+      event(0xA, "app", false, 0x2000),     event(0xB, "app", false, 0x1000),
+      event(0, "app", false, 0x3000),
+  };
+  tools::replay_stream_set set;
+  tools::make_replay_streams(set, events, 0);
+  ASSERT_EQ(set.by_logged.size(), 2U) << "0xA and 0xB; the default stream is itself, 0xC is not replayed";
+  ASSERT_TRUE(set.by_logged.count(0xA) == 1 && set.by_logged.count(0xB) == 1);
+  const CUstream a = set.by_logged.at(0xA)->view().handle();
+  const CUstream b = set.by_logged.at(0xB)->view().handle();
+  EXPECT_NE(a, b);
+
+  stream_recorder mr(std::make_shared<cuda_resource>(0));
+  replay_options o;
+  o.streams = &set;
+  const auto r = tools::replay_events_on(events, mr, o);
+  EXPECT_EQ(r.failures, 0U);
+  EXPECT_EQ(r.allocations, 3U);
+  EXPECT_EQ(set.by_logged.size(), 2U);
+  EXPECT_EQ(set.by_logged.at(0xA)->view().handle(), a);
+  EXPECT_EQ(set.by_logged.at(0xB)->view().handle(), b);
+  EXPECT_EQ(mr.seen, (std::set<CUstream>{a, b, stream_view{}.handle()}));
 }
 
 TEST(Replay, ASmallerSimulatedDeviceShowsTheFailures) {
