@@ -381,11 +381,10 @@ class replay_workload final : public workload {
   // with expandable segments (2.11, one segment per stream) ended gpumem-bench
   // with a segmentation fault on exactly the logs that use streams of their own,
   // when the replay's streams were destroyed before it was. So the set that holds
-  // a log's replay streams (made by the first replay that needs each) lives
-  // longer than the row's resource: the streams are destroyed after it. They are
-  // also made before it (tools::make_replay_streams): RMM's arena sized from the
-  // free memory left too little for cuStreamCreate on data-pipeline when its
-  // streams were made by the first replay, and its row failed.
+  // a log's replay streams lives longer than the row's resource: the streams are
+  // destroyed after it. They are also made before it (tools::make_replay_streams):
+  // RMM's arena sized from the free memory left too little for cuStreamCreate on
+  // data-pipeline when the row's first replay made them, and its row failed.
 
   // Time and memory from one fresh resource: a measuring replay (the warm-up),
   // then the timed ones.
