@@ -55,14 +55,19 @@
 // keeps that count (block::ready_mark, which cache_slot passes to push). While
 // the count is the same, no page of the chunk became unready since, and the
 // slot's pages are still all ready; once it differs, the pages are looked at.
-// Why a slot freed by cache_slot has every page its own: it was live (or
-// pending) until then, handed out only with every page ready, and a page under
-// a block that is not free never moves or swaps (Note [Pages under the
-// blocks]). Every other way into the cache (a slot that waits with what
-// pages memory allowed, one whose swaps another stream took first) leaves
-// no_ready_mark, so those are looked at. The count and the
-// mark are read and written under the lock of the chunk's arena, as the ready
-// bits are.
+// A slot freed on its own stream (free_live) has every page its own: it was live
+// until then, handed out only with every page ready, and a page under a block
+// that is not free never moves or swaps (Note [Pages under the blocks]). A slot
+// freed on another stream is pending until its arena absorbs it, and a pending
+// slot may give its pages to the stream that freed it (Note [Swaps across
+// streams]), so the absorb (release_block) gives it a mark only when a look at
+// its ready bits finds them all set. (It once gave the mark unlooked: the random
+// programs found the hot path handing such a slot out over pages that a live slot
+// of the other stream held, two live allocations on one memory.) Every other way
+// into the cache (a slot that waits with what pages memory allowed, one whose
+// swaps another stream took first) leaves no_ready_mark, so those are looked at.
+// The count and the mark are read and written under the lock of the chunk's
+// arena, as the ready bits are.
 #pragma once
 
 #include <algorithm>

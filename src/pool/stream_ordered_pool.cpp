@@ -336,7 +336,9 @@ void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch)
   if (b->slot) {
     b->free_epoch = epoch;
     a.live.insert(b->address, b);
-    cache_slot(a, b);
+    // A pending slot may have given its pages away (Note [Swaps across streams]):
+    // it keeps a ready mark only if they are all back (Note [A slot's ready mark]).
+    cache_slot(a, b, page_shift == 0 || pages_ready(b));
     return;
   }
   free_into(a, b, epoch);

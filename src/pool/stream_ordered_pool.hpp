@@ -200,7 +200,9 @@ class stream_ordered_pool {
   // word (block::uses), which the waits of other slots compare against.
   void take_slot(arena& a, block* s, std::size_t bytes) noexcept;
   // Puts the slot `s`, just freed, into a's free slots, marking its use word freed.
-  void cache_slot(arena& a, block* s);
+  // `pages_own`: every page under it is known to be its own, so it keeps a ready
+  // mark (Note [A slot's ready mark]).
+  void cache_slot(arena& a, block* s, bool pages_own);
   // Frees `b`, a live block of `a` at `address` handed out for `bytes`, into the
   // caches or the index (not counted toward fences: note_free does that).
   void free_live(arena& a, block* b, std::uintptr_t address, std::size_t bytes);
@@ -398,11 +400,11 @@ inline void stream_ordered_pool::take_slot(arena& a, block* s, std::size_t bytes
   s->uses = (s->uses & slot_freed) != 0 ? s->uses & ~slot_freed : ++a.slot_handouts;
 }
 
-inline void stream_ordered_pool::cache_slot(arena& a, block* s) {
+inline void stream_ordered_pool::cache_slot(arena& a, block* s, bool pages_own) {
   s->cached = true;  // stays in `live`, as a quick-cached block does
   if (s->uses & waited_on) [[unlikely]] a.slots.wake();  // Note [Slots known to wait]
   s->uses |= slot_freed;  // waited_on stays: the word comes back with it (take_slot)
-  a.slots.push(s, s->owner->unready_marks);  // its pages are its own (Note [A slot's ready mark])
+  a.slots.push(s, pages_own ? s->owner->unready_marks : no_ready_mark);
 }
 
 inline void stream_ordered_pool::change_busy_mark(chunk& c, chunk::page_uses& u) noexcept {
@@ -463,7 +465,7 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
   if (bytes >= settings.slot_min_bytes) {
     if (b->slot) {
       b->freed_by = &a;
-      cache_slot(a, b);  // its pages may move (Note [Slots for large requests])
+      cache_slot(a, b, true);  // live until now: its pages are its own; they may move from now on (Note [Slots for large requests])
       return;
     }
   }

@@ -278,6 +278,46 @@ TEST_F(VmmPoolStreams, AStreamTakesBackPagesOfASlotItFreedForAnotherStreamOfItsT
   expect_consistent_after(pool, a, b);
 }
 
+// A pending slot that gave its pages away is looked at when its arena absorbs it
+// (Note [A slot's ready mark], src/pool/free_slots.hpp). Found by the random
+// programs: the absorbed slot kept a ready mark, and the hot path handed it out
+// over pages that a live slot of another stream held, so two live allocations
+// shared memory. The streams wait between the steps so that every free is
+// settled and the program takes the same path each time.
+TEST_F(VmmPoolStreams, APendingSlotThatGaveItsPagesAwayIsNotHandedOutOverThem) {
+  vmm_pool_resource pool(0);
+  const std::size_t g = pool.page_bytes();
+  stream a(0), b(0), c(0);
+  auto settle = [&] {
+    a.synchronize();
+    b.synchronize();
+    c.synchronize();
+  };
+  void* small = pool.allocate(2 * g, b);
+  void* other = pool.allocate(5 * g, c);
+  pool.deallocate(small, 2 * g, a);  // b's slot freed on a: pending in b's arena
+  settle();
+  void* large = pool.allocate(9 * g, a);  // takes the pending slot's pages (a ordered that free)
+  pool.deallocate(large, 9 * g, b);       // a's slot freed on b: pending in a's arena
+  settle();
+  void* kept = pool.allocate(2 * g, b);  // b's slot again: its pages back from the pending one
+  settle();
+  pool.deallocate(other, 5 * g, b);
+  settle();
+  void* block = pool.allocate(g / 3, a, 1024);  // a absorbs its pending slot
+  void* reused = pool.allocate(9 * g, a);        // and must not hand it out over kept's pages
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  device_fill(kept, 2 * g, 0xAA, b);
+  b.synchronize();
+  expect_written(reused, 9 * g, 0x55, a);
+  a.synchronize();
+  EXPECT_EQ(device_count_mismatches(kept, 2 * g, 0xAA, b), 0U) << "the two live slots share memory";
+  pool.deallocate(kept, 2 * g, b);
+  pool.deallocate(reused, 9 * g, a);
+  pool.deallocate(block, g / 3, a, 1024);
+  expect_consistent_after(pool, a, b);
+}
+
 // Threads that each drive a loader stream and a compute stream, as a data
 // pipeline does, at once: each thread's streams pass pages to each other (swaps
 // across streams, some under the shared growth mutex with the other arena's
