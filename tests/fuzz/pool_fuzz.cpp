@@ -1,11 +1,20 @@
-// libFuzzer target: pool programs (pool_program.hpp) on the simulator; any
-// broken invariant aborts. Built by scripts/fuzz with clang.
+// libFuzzer targets: pool programs on the simulator; any broken invariant
+// aborts. Built twice by scripts/fuzz with clang: gpumem_pool_fuzz runs
+// pool_resource's programs (pool_program.hpp), gpumem_vmm_pool_fuzz the default
+// pool's, vmm_pool_resource (vmm_pool_program.hpp; GPUMEM_FUZZ_VMM_POOL).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include "fuzz/pool_program.hpp"
 #include "gpumem/backend.hpp"
+
+#ifdef GPUMEM_FUZZ_VMM_POOL
+#include "fuzz/vmm_pool_program.hpp"
+#define GPUMEM_FUZZ_PROGRAM run_vmm_pool_program
+#else
+#include "fuzz/pool_program.hpp"
+#define GPUMEM_FUZZ_PROGRAM run_pool_program
+#endif
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   setenv("GPUMEM_SIM_MEMORY", "256MiB", 1);  // small: out-of-memory paths run often
@@ -14,7 +23,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {
-  const std::string failure = gpumem::test::run_pool_program(data, size);
+  const std::string failure = gpumem::test::GPUMEM_FUZZ_PROGRAM(data, size);
   if (!failure.empty()) {
     std::fprintf(stderr, "pool invariant broken: %s\n", failure.c_str());
     std::abort();
