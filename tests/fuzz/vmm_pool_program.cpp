@@ -70,7 +70,9 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
       stream& s = program_streams()[in.byte() % 3];
       if (op <= 3) {  // allocate: from a few bytes to 1 GiB, mostly small
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 15));
-        const std::size_t alignment = std::size_t{256} << (in.byte() % 4 == 0 ? in.byte() % 6 : 0);
+        // 256 bytes to 8 KiB, now and then a page or two (such a request is a block, not a slot).
+        const unsigned shift = in.byte() % 4 == 0 ? in.byte() % 8 : 0;
+        const std::size_t alignment = shift < 6 ? std::size_t{256} << shift : pool.page_bytes() << (shift - 6);
         // Half the time without waiting first (Note [Allocating without waiting]).
         void* p = (in.byte() & 1U) ? pool.try_allocate_now(bytes, s, alignment) : nullptr;
         try {
