@@ -465,7 +465,9 @@ inline void stream_ordered_pool::free_live(arena& a, block* b, std::uintptr_t ad
   if (bytes >= settings.slot_min_bytes) {
     if (b->slot) {
       b->freed_by = &a;
-      cache_slot(a, b, true);  // live until now: its pages are its own; they may move from now on (Note [Slots for large requests])
+      // Live until now, so its pages are its own; from now on they may move
+      // (Note [Slots for large requests]).
+      cache_slot(a, b, true);
       return;
     }
   }
