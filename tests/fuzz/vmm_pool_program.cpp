@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/program_contents.hpp"
 #include "fuzz/program_input.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -32,13 +33,15 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
   o.quick_cache = in.byte() % 4 != 0;
   o.reuse_across_streams = in.byte() % 4 != 0;
   if (in.byte() % 4 == 0) o.release_threshold_bytes = static_cast<std::size_t>(in.byte() % 4) * 16 * MiB;
+  auto& streams = program_streams();
+  program_contents contents(o.page_bytes, {streams[0], streams[1], streams[2]});
   // The driver keeps some device memory for what a process makes first (its
   // streams, its first events): made once here, before the count starts.
   {
     vmm_pool_resource warm(0);
-    for (stream& s : program_streams()) {
+    for (stream& s : streams) {
       void* p = warm.allocate(1, s);
-      warm.deallocate(p, 1, program_streams()[0]);
+      warm.deallocate(p, 1, streams[0]);
       warm.trim(s);
     }
   }
@@ -67,7 +70,7 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     };
     for (int step = 0; !in.empty() && step < 300; ++step) {
       const std::uint8_t op = in.byte() % 8;
-      stream& s = program_streams()[in.byte() % 3];
+      stream& s = streams[in.byte() % 3];
       if (op <= 3) {  // allocate: from a few bytes to 1 GiB, mostly small
         const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 15));
         // 256 bytes to 8 KiB, now and then a page or two (such a request is a block, not a slot).
@@ -92,6 +95,7 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
           continue;
         }
         if (std::string bad = model.add(p, bytes, alignment); !bad.empty()) return bad;
+        contents.stamp(p, bytes, s);
         const auto pieces = pool.physical_pieces(p, bytes);
         if (pieces.empty()) return "a live allocation has no physical pieces";
         if (pieces.front().address > reinterpret_cast<std::uintptr_t>(p) ||
@@ -112,6 +116,7 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
           } catch (const logic_error&) {
           }
         }
+        contents.read_before_free(al.ptr, s, in.byte() % 4 == 0 ? 2U * in.byte() : 0U);
         if (!(in.byte() & 1U) || !pool.try_deallocate_now(al.ptr, al.bytes, s, al.alignment)) {
           pool.deallocate(al.ptr, al.bytes, s, al.alignment);
         }
@@ -133,12 +138,17 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
         }
       } else {
         if (std::string v = check_statistics(); !v.empty()) return v;
+        if (std::string v = contents.check(); !v.empty()) return v;
         if (in.byte() % 4 == 0) pool.release();
       }
     }
     if (std::string v = check_statistics(); !v.empty()) return v;
-    for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, program_streams()[0], al.alignment);
+    for (auto& [a, al] : live) {
+      contents.read_before_free(al.ptr, streams[0], 0);
+      pool.deallocate(al.ptr, al.bytes, streams[0], al.alignment);
+    }
     live.clear();
+    if (std::string v = contents.check(); !v.empty()) return v;
     pool.release();
     const vmm_pool_statistics st = pool.statistics();
     if (st.allocations != 0 || st.used_bytes != 0) return "allocations left after freeing everything";
