@@ -11,6 +11,7 @@
 
 #include "fuzz/pool_program.hpp"
 #include "fuzz/vmm_pool_program.hpp"
+#include "fuzz/vmm_pool_threads_program.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
 
 namespace gpumem::test {
@@ -41,6 +42,11 @@ TEST(PoolPrograms, RandomProgramsKeepEveryInvariant) {
 TEST(PoolPrograms, RandomVmmPoolProgramsKeepEveryInvariant) {
   if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
   run_programs(run_vmm_pool_program, 20261122, 40, 1500);
+}
+
+TEST(PoolPrograms, RandomVmmPoolProgramsOnThreadsKeepEveryInvariant) {
+  if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
+  run_programs(run_vmm_pool_threads_program, 20261130, 20, 2400);
 }
 
 }  // namespace
