@@ -8,6 +8,7 @@
 
 #include "fuzz/program_contents.hpp"
 #include "fuzz/program_input.hpp"
+#include "fuzz/vmm_program_checks.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
@@ -35,17 +36,8 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
   if (in.byte() % 4 == 0) o.release_threshold_bytes = static_cast<std::size_t>(in.byte() % 4) * 16 * MiB;
   auto& streams = program_streams();
   program_contents contents(o.page_bytes, {streams[0], streams[1], streams[2]});
-  // The driver keeps some device memory for what a process makes first (its
-  // streams, its first events): made once here, before the count starts.
-  {
-    vmm_pool_resource warm(0);
-    for (stream& s : streams) {
-      void* p = warm.allocate(1, s);
-      warm.deallocate(p, 1, streams[0]);
-      warm.trim(s);
-    }
-  }
-  const std::size_t device_free_before = device_memory_info(0).free_bytes;
+  warm_streams(streams);
+  const std::size_t device_free_before = device_free_bytes();
   program_model model;
   auto& live = model.live;
   auto& order = model.order;
@@ -149,18 +141,9 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
     }
     live.clear();
     if (std::string v = contents.check(); !v.empty()) return v;
-    pool.release();
-    const vmm_pool_statistics st = pool.statistics();
-    if (st.allocations != 0 || st.used_bytes != 0) return "allocations left after freeing everything";
-    if (st.mapped_bytes != 0 || st.pages != 0) return "release() kept physical memory with nothing live";
-    if (st.alias_pages != 0) return "release() left aliases mapped";
+    if (std::string v = released_to_nothing(pool); !v.empty()) return v;
   }
-  const std::size_t device_free_after = device_memory_info(0).free_bytes;
-  if (device_free_after != device_free_before) {
-    return "the pool lost device memory: " + std::to_string(device_free_before) + " bytes free before, " +
-           std::to_string(device_free_after) + " after";
-  }
-  return {};
+  return device_memory_kept(device_free_before);
 }
 
 }  // namespace gpumem::test

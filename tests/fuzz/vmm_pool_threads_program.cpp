@@ -9,7 +9,7 @@
 
 #include "fuzz/program_contents.hpp"
 #include "fuzz/program_input.hpp"
-#include "gpumem/device.hpp"
+#include "fuzz/vmm_program_checks.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm/virtual_memory.hpp"
@@ -101,12 +101,9 @@ void run_thread(shared_state& sh, thread_program& t) {
       live.push_back({p, bytes, alignment});
     } else if (op <= 5 && !live.empty()) {  // free, on either of the thread's streams
       free_one(in.u16() % live.size(), s, in.byte() % 4 == 0 ? 2U * in.byte() : 0U);
-    } else if (op == 6) {
-      if (in.byte() & 1U) {
-        pool.trim(s);
-      } else {
-        pool.trim();
-      }
+    } else if (op == 6) {  // a trim of this stream, or of every stream
+      const std::size_t given_back = (in.byte() & 1U) ? pool.trim(s) : pool.trim();
+      (void)given_back;
     } else {
       const vmm_pool_statistics st = pool.statistics();
       if (st.mapped_bytes > pool.options().maximum_bytes) t.failure = "the pool holds more than maximum_bytes";
@@ -140,15 +137,8 @@ std::string run_vmm_pool_threads_program(const std::uint8_t* data, std::size_t s
     t.streams = {thread_streams()[2 * i], thread_streams()[2 * i + 1]};
     t.contents = std::make_unique<program_contents>(o.page_bytes, std::vector<stream_view>{t.streams[0], t.streams[1]});
   }
-  {  // the driver's memory for a process's first streams and events, taken before the count
-    vmm_pool_resource warm(0);
-    for (stream& s : thread_streams()) {
-      void* p = warm.allocate(1, s);
-      warm.deallocate(p, 1, s);
-      warm.trim(s);
-    }
-  }
-  const std::size_t device_free_before = device_memory_info(0).free_bytes;
+  warm_streams(thread_streams());
+  const std::size_t device_free_before = device_free_bytes();
   {
     vmm_pool_resource pool(0, o);
     shared_state sh{pool, pool.page_bytes(), std::min(o.maximum_bytes, device_free_before) / pool.page_bytes()};
@@ -160,18 +150,9 @@ std::string run_vmm_pool_threads_program(const std::uint8_t* data, std::size_t s
     }
     if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return v;
     if (sh.pinned_pages.load() != 0) return "the model's count of pinned pages did not return to zero";
-    pool.release();
-    const vmm_pool_statistics st = pool.statistics();
-    if (st.allocations != 0 || st.used_bytes != 0) return "allocations left after freeing everything";
-    if (st.mapped_bytes != 0 || st.pages != 0) return "release() kept physical memory with nothing live";
-    if (st.alias_pages != 0) return "release() left aliases mapped";
+    if (std::string v = released_to_nothing(pool); !v.empty()) return v;
   }
-  const std::size_t device_free_after = device_memory_info(0).free_bytes;
-  if (device_free_after != device_free_before) {
-    return "the pool lost device memory: " + std::to_string(device_free_before) + " bytes free before, " +
-           std::to_string(device_free_after) + " after";
-  }
-  return {};
+  return device_memory_kept(device_free_before);
 }
 
 }  // namespace gpumem::test
