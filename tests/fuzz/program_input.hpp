@@ -1,6 +1,6 @@
-// What the pool programs (pool_program.cpp, vmm_pool_program.cpp) share: the
-// byte string read as a program, a live allocation of the model, and the three
-// streams the programs run on.
+// What the pool programs (pool_program.cpp, vmm_pool_program.cpp,
+// vmm_pool_threads_program.cpp) share: the byte string read as a program, a live
+// allocation of the model, and the streams the programs run on.
 #pragma once
 
 #include <array>
@@ -54,8 +54,10 @@ struct program_model {
   }
 };
 
-inline std::array<stream, 3>& program_streams() {
-  static std::array<stream, 3> s{stream(0), stream(0), stream(0)};  // made once: sim streams are threads
+// Six streams, made once (sim streams are threads): the programs of one thread
+// run on the first three, those on threads on two each.
+inline std::array<stream, 6>& program_streams() {
+  static std::array<stream, 6> s{stream(0), stream(0), stream(0), stream(0), stream(0), stream(0)};
   return s;
 }
 

@@ -77,8 +77,8 @@ std::string run_vmm_pool_program(const std::uint8_t* data, std::size_t size) {
           // allocations can pin (each rounded out to whole pages, plus one page it may
           // share) and the request's would not fit what the device had free.
           const std::size_t page = pool.page_bytes();
-          std::size_t pinned = (bytes + alignment + page - 1) / page + 1;
-          for (const auto& [a, al] : live) pinned += (al.bytes + page - 1) / page + 1;
+          std::size_t pinned = pages_pinned(bytes, alignment, page);
+          for (const auto& [a, al] : live) pinned += pages_pinned(al.bytes, 0, page);
           const std::size_t capacity = std::min(o.maximum_bytes != 0 ? o.maximum_bytes : device_free_before,
                                                 device_free_before) / page;
           if (o.reuse_across_streams && pinned <= capacity) {

@@ -1,6 +1,7 @@
 // run_vmm_pool_threads_program (vmm_pool_threads_program.hpp).
 #include "fuzz/vmm_pool_threads_program.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -20,12 +21,7 @@ namespace gpumem::test {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr int max_threads = 3;
-
-std::array<stream, 2 * max_threads>& thread_streams() {
-  static std::array<stream, 2 * max_threads> s{stream(0), stream(0), stream(0), stream(0), stream(0), stream(0)};
-  return s;
-}
+constexpr int max_threads = 3;  // two streams each: program_streams() has six
 
 // What the threads share: the pool, and the pages the live allocations of every
 // thread can pin (each allocation's whole pages and one it may share), counted
@@ -46,10 +42,6 @@ struct thread_program {
   std::unique_ptr<program_contents> contents;
   std::string failure;
 };
-
-std::size_t pages_pinned(std::size_t bytes, std::size_t alignment, std::size_t page) {
-  return (bytes + alignment + page - 1) / page + 1;
-}
 
 // One thread's part. Note [Failing with room, on threads]: an allocation that
 // fails is wrong only if the pinned pages, counted when it began, fit the
@@ -134,10 +126,10 @@ std::string run_vmm_pool_threads_program(const std::uint8_t* data, std::size_t s
     thread_program& t = parts[static_cast<std::size_t>(i)];
     t.data = data + header + part * static_cast<std::size_t>(i);
     t.size = part;
-    t.streams = {thread_streams()[2 * i], thread_streams()[2 * i + 1]};
+    t.streams = {program_streams()[2 * i], program_streams()[2 * i + 1]};
     t.contents = std::make_unique<program_contents>(o.page_bytes, std::vector<stream_view>{t.streams[0], t.streams[1]});
   }
-  warm_streams(thread_streams());
+  warm_streams(program_streams());
   const std::size_t device_free_before = device_free_bytes();
   {
     vmm_pool_resource pool(0, o);

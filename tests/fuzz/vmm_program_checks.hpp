@@ -16,6 +16,14 @@ namespace gpumem::test {
 // memory counted after it is what the program's pool must give back.
 void warm_streams(std::span<stream> streams);
 
+// The pages an allocation of `bytes` aligned to `alignment` can pin: its whole
+// pages, and one it may share with its neighbours. A frugal pool fails a request
+// only where these, summed over the live allocations and the request, exceed what
+// it may hold.
+inline std::size_t pages_pinned(std::size_t bytes, std::size_t alignment, std::size_t page) {
+  return (bytes + alignment + page - 1) / page + 1;
+}
+
 // The device's free memory, to compare with device_memory_kept.
 std::size_t device_free_bytes();
 
