@@ -89,7 +89,7 @@ void expect_measured_with_every_stream_alive(const std::vector<cell>& cells) {
 TEST(BenchStreams, TheLogsStreamsOutliveTheRowsResource) {
   options opts = short_run();
   // Two threads, each on a stream of its own (not the default stream).
-  opts.traces = {std::string(GPUMEM_BENCH_TRACE_DIR) + "/example-training.csv"};
+  opts.traces = {std::string(GPUMEM_BENCH_TRACE_DIR "/example-training.csv")};
   const context ctx{opts, 0};
   const std::vector<cell> cells = w5_replay().measure(keeper, ctx);
   ASSERT_EQ(cells.size(), 3u);  // time, memory, out-of-memory for the one log
