@@ -120,9 +120,6 @@ struct alignas(64) arena {
   // Paged pools: free slots whose pages were looked at (usable()), ever: what
   // the slots' recorded waits spare (pool_inspector::slot_looks).
   std::uint64_t slot_looks = 0;
-  // Paged pools: free slots taken back the way they remembered (Note
-  // [Take-backs remembered]), ever (pool_inspector::remembered_take_backs).
-  std::uint64_t remembered_take_backs = 0;
   // Paged pools: `frees` when another stream last saw it change, and when
   // (steady_clock ns); a stream that has freed nothing for a while is idle, and
   // its free pages may go to others (src/vmm/page_backing.cpp).

@@ -12,7 +12,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "pool/slot_memos.hpp"
 #include "pool/zeroed_array.hpp"
 
 namespace gpumem::detail {
@@ -52,9 +51,6 @@ struct block {
   bool vacant = false;
   // Freed on another stream and not yet absorbed by its arena (arena::pending).
   bool pending = false;
-  // Slots only: 1 + the index of the slot's take-backs remembered in its
-  // chunk's `memos` (0: none; Note [Take-backs remembered], src/vmm/page_slots.cpp).
-  std::uint16_t memos = 0;
   // Slots only: the slot's use word (a page_wait's word): the arena's count of
   // slot hand-outs when it was first handed out over its current pages (unique
   // in the arena, so a record reused for another slot never repeats it), with
@@ -121,11 +117,7 @@ struct chunk {
     std::uint64_t freed_at = 0;  // the owner's free count when the page last became free
   };
   zeroed_array<page_uses> uses;  // not kept in segments of slots
-  zeroed_array<block*> slot_at;  // segments of slots: the slot over each page (null: vacant); set_slot_over
-  // Segments of slots: the take-backs its free slots remember (block::memos),
-  // all forgotten when a page here gets or loses a handle or a slot is made or
-  // vacated (Note [Take-backs remembered], src/vmm/page_slots.cpp).
-  std::vector<slot_memo_set> memos;
+  zeroed_array<block*> slot_at;  // segments of slots: the slot over each page (null: vacant)
   // The word of a free slot's wait (block::wait_seen) when one of its pages has
   // no handle: only a repair, which takes the slot out of the cache, maps one.
   static constexpr std::uint64_t never_changes = 1;
@@ -177,30 +169,12 @@ struct chunk {
     set_bit(ready, i, on);
     if (!on) ++unready_marks;
   }
-  // set_ready over pages [from, to), a word of the bitmap at a time.
-  void set_ready_run(std::size_t from, std::size_t to, bool on) noexcept {
-    for (std::size_t i = from; i < to;) {
-      const std::size_t stop = std::min(to, (i | 63) + 1);
-      const std::uint64_t bits = run_mask(stop - i) << (i & 63);
-      if (on) ready[i >> 6] |= bits;
-      else ready[i >> 6] &= ~bits;
-      i = stop;
-    }
-    if (!on && to > from) unready_marks += to - from;
-  }
   void set_busy(std::size_t i, bool on) noexcept { set_bit(busy, i, on); }
   // Records the handle mapped at page i (0: none) and its bit in `mapped`:
   // the only way `pages` changes once the segment is made.
   void set_page(std::size_t i, std::uint64_t handle) noexcept {
     pages[i] = handle;
     set_bit(mapped, i, handle != 0);
-    memos.clear();
-  }
-  // Puts slot s (null: vacant addresses) over pages [from, from + n): the
-  // only way `slot_at` changes.
-  void set_slot_over(std::size_t from, std::size_t n, block* s) noexcept {
-    std::fill_n(slot_at.begin() + static_cast<std::ptrdiff_t>(from), n, s);
-    memos.clear();
   }
   // Calls f(i) on every page i in [from, to) whose bit is set in bits(w), the
   // w-th word of a bitmap the caller forms (ready, mapped, mapped & ~ready), in

@@ -220,17 +220,6 @@ std::size_t pool_inspector::slot_looks(vmm_pool_resource& pool) {
   return looks;
 }
 
-std::size_t pool_inspector::remembered_take_backs(vmm_pool_resource& pool) {
-  stream_ordered_pool& p = pool.impl_->pool;
-  std::shared_lock arenas_lock(p.arenas_mutex);
-  std::size_t takes = 0;
-  for (const auto& [key, a] : p.arenas) {
-    std::lock_guard lock(a->lock);
-    takes += a->remembered_take_backs;
-  }
-  return takes;
-}
-
 pool_inspector::record_bytes pool_inspector::page_records(vmm_pool_resource& pool) {
   stream_ordered_pool& p = pool.impl_->pool;
   std::shared_lock arenas_lock(p.arenas_mutex);

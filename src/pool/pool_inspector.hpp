@@ -25,8 +25,6 @@ struct GPUMEM_EXPORT pool_inspector {
   static std::string violations(vmm_pool_resource& pool);
   // How many times the pool looked at a free slot's pages (every arena), ever.
   static std::size_t slot_looks(vmm_pool_resource& pool);
-  // How many free slots were taken back the way they remembered (every arena), ever.
-  static std::size_t remembered_take_backs(vmm_pool_resource& pool);
   // The host memory of the paged pool's per-page records of its segments: all
   // of it, and what the host holds now (Note [Page records on demand]).
   struct record_bytes {

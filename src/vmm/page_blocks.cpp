@@ -393,7 +393,7 @@ std::size_t vmm_pool_resource::impl::release_free_pages(arena& s, std::size_t at
     s.slots.remove(y);
     s.live.erase(y->address);
     chunk& c = *y->owner;
-    c.set_slot_over(page_index(c, y->address), y->size / page, nullptr);
+    std::fill_n(c.slot_at.begin() + static_cast<std::ptrdiff_t>(page_index(c, y->address)), y->size / page, nullptr);
     y->slot = false;
     y->cached = false;
     y->vacant = true;

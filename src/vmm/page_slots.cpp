@@ -1,7 +1,6 @@
 // vmm_pool_resource: slots, the blocks of large requests. The growth mutex and
 // the arena's lock are held throughout (vmm_pool_impl.hpp).
 #include <algorithm>
-#include <limits>
 #include <tuple>
 
 #include "vmm/virtual_memory.hpp"
@@ -130,48 +129,13 @@ bool vmm_pool_resource::impl::usable(arena& a, block* s) {
   });
 }
 
-detail::page_ref vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
+void vmm_pool_resource::impl::take_back(chunk& c, std::size_t i) {
   page_home& h = *c.home_at[i];
   const page_ref there = h.primary.load();
   there.c->set_ready(there.index, false);
   h.primary.store({&c, i});
   c.set_ready(i, true);
-  return there;
 }
-
-// Note [Take-backs remembered]
-// A loop that has settled (Note [Slots for large requests]) takes its free
-// slots back by swaps, and the same slot is taken back the same way at the
-// same point of every step: the same pages of it are aliases, and their
-// handles' primary places are the same pages elsewhere. take_usable() looking
-// and swapping page by page reads every such page's handle record (a cache
-// miss each), and on data-pipeline that was the largest part of the default's
-// time (docs/vmm.md, "Where the pool is slow"). So a slot remembers its last
-// slot_memo_set::ways different take-backs (block::memos, kept in its chunk),
-// each as at most slot_memo::max_runs runs: pages [at, at + n) of the slot
-// whose primaries were pages from, from + step, ... of the same segment, under
-// one slot there. Only take-backs whose every page came from the slot's own
-// segment are remembered.
-//
-// A memo is trusted only as far as it is checked, from the chunk's bitmaps and
-// the source slots' records, never from the handle records:
-//  - the pages of the segment hold the handles they held when it was made: the
-//    chunk forgets every memo when a page there gets or loses a handle
-//    (set_page) or a slot is made or vacated there (set_slot_over), and a
-//    set serves the slot whose first page it names (a record reused for a new
-//    slot starts with none);
-//  - so, page by page, a run's source page and its target hold one handle, and
-//    the source is that handle's primary exactly where its ready bit is set;
-//  - the check: the slot's unready pages number what the memo covers, every
-//    run's source pages are ready, and the slot over them is free (page_busy,
-//    one slot per run). A handle has one primary place, so a target whose
-//    source is ready is not: the slot's unready pages are exactly the memo's,
-//    each one's handle is primary at a free page of this arena, and usable()
-//    would have said yes. The choice of slot is the one made without memos,
-//    and so is every page's new place.
-// take_back_runs() then stores each page's primary and flips the ready bits a
-// word at a time. A memo that fails its check costs a few words of bitmaps,
-// and the slot is looked at as before.
 
 vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std::size_t size,
                                                                    std::unique_lock<detail::spin_lock>& lock) {
@@ -206,9 +170,9 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::new_slot(arena& a, std:
   s->vacant = false;
   s->slot = true;
   s->uses = 0;  // a record may have served another slot: a new word when handed out
-  s->memos = 0;
   chunk& c = *s->owner;
-  c.set_slot_over(page_index(c, s->address), s->size / page, s);
+  const std::size_t first = page_index(c, s->address);
+  std::fill_n(c.slot_at.begin() + static_cast<std::ptrdiff_t>(first), s->size / page, s);
   return s;
 }
 
@@ -310,91 +274,19 @@ vmm_pool_resource::impl::block* vmm_pool_resource::impl::take_usable(arena& a, s
   // slots and on which handles are in use, not on the order of the frees, so
   // a loop makes it the same way at every step (the hot paths take the
   // lowest-addressed free slot past those that wait only when it is ready: the
-  // same choice). Its aliases take their handles back: swaps, no driver call,
-  // a run at a time when the slot remembers the way (Note [Take-backs remembered]).
-  const detail::slot_memo* remembered = nullptr;  // the accepted slot's, when it has one
-  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) {
-    remembered = valid_memo(a, y);
-    return remembered != nullptr || usable(a, y);
-  });
+  // same choice). Its aliases take their handles back: swaps, no driver call.
+  block* s = a.slots.pop_lowest_accepted(size, [&](block* y) { return usable(a, y); });
   if (s == nullptr) return nullptr;
   chunk& c = *s->owner;
-  if (remembered != nullptr) {
-    a.pages_revived += take_back_runs(c, *remembered);
-    ++a.remembered_take_backs;
-    return s;
-  }
   const auto [first, end] = pages_of(s);
   std::size_t swaps = 0;
-  detail::slot_memo m;
-  bool keep = true;  // every page so far came from this segment, in runs that fit
-  const block* last_source = nullptr;
   c.for_each_unready(first, end, [&](std::size_t i) {
-    const page_ref there = take_back(c, i);
+    take_back(c, i);
     ++swaps;
-    if (keep) {
-      const block* source = there.c == &c ? c.slot_at[there.index] : nullptr;
-      keep = source != nullptr && m.extend(i, there.index, source == last_source);
-      last_source = source;
-    }
     return true;
   });
-  if (keep && swaps != 0) remember(c, s, first, m);
   a.pages_revived += swaps;
   return s;
-}
-
-namespace {
-// The take-backs slot s remembers, when its chunk still has them.
-detail::slot_memo_set* memos_of(detail::chunk& c, const detail::block* s, std::size_t first) {
-  if (s->memos == 0 || s->memos > c.memos.size()) return nullptr;
-  detail::slot_memo_set* set = &c.memos[s->memos - 1U];
-  return set->first_page == first ? set : nullptr;
-}
-}  // namespace
-
-const detail::slot_memo* vmm_pool_resource::impl::valid_memo(arena& a, const block* s) {
-  chunk& c = *s->owner;
-  const auto [first, end] = pages_of(s);
-  const detail::slot_memo_set* set = memos_of(c, s, first);
-  if (set == nullptr) return nullptr;
-  const std::size_t unready = (end - first) - c.count_ready(first, end);
-  if (unready == 0) return nullptr;  // nothing to take back: usable() says so at once
-  for (std::size_t w = 0; w < detail::slot_memo_set::ways; ++w) {
-    if (set->keys[w] != unready) continue;
-    const detail::slot_memo& m = set->memos[w];
-    bool holds = true;
-    for (std::uint32_t k = 0; k < m.count && holds; ++k) {
-      const detail::memo_run& r = m.runs[k];
-      holds = c.all_ready(r.source_begin(), r.source_end() - 1) && !c.page_busy(r.source_begin());
-    }
-    if (holds) {
-      ++a.slot_looks;
-      return &m;
-    }
-  }
-  return nullptr;
-}
-
-std::size_t vmm_pool_resource::impl::take_back_runs(chunk& c, const detail::slot_memo& m) {
-  for (std::uint32_t k = 0; k < m.count; ++k) {
-    const detail::memo_run& r = m.runs[k];
-    for (std::size_t i = r.at; i < std::size_t{r.at} + r.n; ++i) c.home_at[i]->primary.store({&c, i});
-    c.set_ready_run(r.source_begin(), r.source_end(), false);
-    c.set_ready_run(r.at, std::size_t{r.at} + r.n, true);
-  }
-  return m.pages;
-}
-
-void vmm_pool_resource::impl::remember(chunk& c, block* s, std::size_t first, const detail::slot_memo& m) {
-  detail::slot_memo_set* set = memos_of(c, s, first);
-  if (set == nullptr) {
-    if (c.memos.size() >= std::numeric_limits<std::uint16_t>::max()) return;
-    set = &c.memos.emplace_back();
-    set->first_page = first;
-    s->memos = static_cast<std::uint16_t>(c.memos.size());
-  }
-  set->remember(m);
 }
 
 void* vmm_pool_resource::impl::find_slot(arena& a, const detail::pool_request& r) {

@@ -132,13 +132,6 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   // Whether the free slot `s` can be used without a driver call (no conflict);
   // else records in s->wait_seen what the first page it can tell of waits for.
   bool usable(arena& a, block* s);
-  // Note [Take-backs remembered]: a way the free slot `s` remembers whose pages
-  // can all be taken back now (as usable() would find them), or null;
-  const detail::slot_memo* valid_memo(arena& a, const block* s);
-  // its pages taken back a run at a time (swaps; returns how many);
-  std::size_t take_back_runs(chunk& c, const detail::slot_memo& m);
-  // and a take-back just made, remembered for `s`, whose first page is `first`.
-  void remember(chunk& c, block* s, std::size_t first, const detail::slot_memo& m);
   // allocate_slot's work: a usable or repaired free slot, else a new one.
   void* find_slot(arena& a, const detail::pool_request& r);
   // The free slot of `size` that needs swaps within `a` only, swapped and out
@@ -179,8 +172,8 @@ struct vmm_pool_resource::impl final : detail::pool_backing {
   std::size_t take_whole_slots(arena& a, std::size_t count, std::vector<std::uint64_t>& out,
                                const std::function<bool(const block*)>& accept);
   // The alias at page i of `c` becomes its handle's primary place again (swap;
-  // the caller counts it in arena::pages_revived); returns the place it left.
-  detail::page_ref take_back(chunk& c, std::size_t i);
+  // the caller counts it in arena::pages_revived).
+  void take_back(chunk& c, std::size_t i);
   // Addresses for a new slot of `size` bytes from a's slot segments (a new
   // segment when none has room; `lock`, on a, is released meanwhile).
   block* new_slot(arena& a, std::size_t size, std::unique_lock<detail::spin_lock>& lock);

@@ -261,64 +261,6 @@ TEST_F(VmmPoolSlots, ALoopWhoseStepsVarySettles) {
   s.synchronize();
 }
 
-TEST_F(VmmPoolSlots, ALoopThatSettlesTakesItsSlotsBackByTheirMemos) {
-  // Note [Take-backs remembered]: once the loop settles, its slots are taken
-  // back the ways they remember, and every cycle swaps as many pages as the
-  // one before, with no page moved or made: the memos change how a take-back
-  // is done, not which slot is taken or where its pages go.
-  vmm_pool_resource pool(0);
-  const std::size_t g = pool.page_bytes();
-  const std::vector<std::size_t> lengths = {3, 5, 4, 7, 2, 6, 5, 3};
-  std::vector<vmm_pool_statistics> after;
-  std::vector<std::size_t> remembered;
-  for (int cycle = 0; cycle < 7; ++cycle) {
-    for (std::size_t n : lengths) training_step(pool, g, n, s);
-    after.push_back(pool.statistics());
-    remembered.push_back(detail::pool_inspector::remembered_take_backs(pool));
-    ASSERT_EQ(detail::pool_inspector::violations(pool), "") << "cycle " << cycle;
-  }
-  const std::uint64_t swaps_a_cycle = after[3].pages_revived - after[2].pages_revived;
-  EXPECT_GT(swaps_a_cycle, 0U);
-  for (std::size_t k = 3; k < after.size(); ++k) {
-    EXPECT_EQ(after[k].pages_moved, after[2].pages_moved) << "cycle " << k << " moved pages";
-    EXPECT_EQ(after[k].pages_created, after[2].pages_created) << "cycle " << k << " made pages";
-    EXPECT_EQ(after[k].pages_revived - after[k - 1].pages_revived, swaps_a_cycle) << "cycle " << k;
-  }
-  EXPECT_GT(remembered.back(), remembered[2]) << "settled cycles take slots back by their memos";
-  void* p = pool.allocate(7 * g, s);
-  void* q = pool.allocate(5 * g, s);
-  device_fill(p, 7 * g, 0x5A, s);
-  device_fill(q, 5 * g, 0xA5, s);
-  EXPECT_EQ(device_count_mismatches(p, 7 * g, 0x5A, s), 0U);
-  EXPECT_EQ(device_count_mismatches(q, 5 * g, 0xA5, s), 0U);
-  pool.deallocate(q, 5 * g, s);
-  pool.deallocate(p, 7 * g, s);
-  s.synchronize();
-}
-
-TEST_F(VmmPoolSlots, AMemoIsNotTrustedOnceItsSegmentsPagesChanged) {
-  // Note [Take-backs remembered]: trim() unmaps the settled aliases that the
-  // memos name, and release() gives the free pages back, so later cycles map
-  // other handles at those places. A memo trusted past that would swap pages
-  // that no longer hold the same handle: two places of one handle ready, or a
-  // slot over a handle another allocation holds. The fills and the invariants
-  // say no such thing happened.
-  vmm_pool_resource pool(0);
-  const std::size_t g = pool.page_bytes();
-  std::size_t remembered = 0;
-  for (int round = 0; round < 6; ++round) {
-    for (int cycle = 0; cycle < 4; ++cycle) mixed_step(pool, g, s, 0xFACADE + round % 2, true);
-    ASSERT_EQ(detail::pool_inspector::violations(pool), "") << "round " << round;
-    const std::size_t now = detail::pool_inspector::remembered_take_backs(pool);
-    EXPECT_GT(now, remembered) << "round " << round << " took slots back by their memos";
-    remembered = now;
-    if (round % 2 == 0) (void)pool.trim();
-    else (void)pool.release();
-    ASSERT_EQ(detail::pool_inspector::violations(pool), "") << "after round " << round;
-  }
-  s.synchronize();
-}
-
 TEST_F(VmmPoolSlots, ALargeRequestAlignedPastAPageIsABlockAndIsFreedAsOne) {
   // A free of slot_min_bytes or more reads whether the block is a slot (Note [A
   // free tells a slot by its size first]): one aligned past a page is a block,
