@@ -28,11 +28,11 @@ std::shared_ptr<memory_resource> pool_over_cuda(int device) {
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device));
 }
 
-// The same pool without the per-call capture query (pool_options::refuse_capture):
+// The same pool without the per-call capture query (pool_options::check_capture):
 // what the check costs, for programs that never capture a stream the pool serves.
 std::shared_ptr<memory_resource> pool_without_capture_check(int device) {
   pool_options o;
-  o.refuse_capture = false;
+  o.check_capture = false;
   return std::make_unique<pool_resource>(std::make_shared<cuda_resource>(device), o);
 }
 
@@ -65,7 +65,7 @@ constexpr subject subjects[] = {
     {default_subject_name, subject_kind::gpumem, &default_stack},
     {"gpumem vmm_pool_resource (capture watch)", subject_kind::gpumem, &vmm_pool_watching_captures, nullptr, true},
     {pool_subject_name, subject_kind::gpumem, &pool_over_cuda},
-    {"gpumem pool_resource (refuse_capture off)", subject_kind::gpumem, &pool_without_capture_check, nullptr, true},
+    {"gpumem pool_resource (check_capture off)", subject_kind::gpumem, &pool_without_capture_check, nullptr, true},
     {"gpumem pool_resource (capture watch)", subject_kind::gpumem, &pool_watching_captures, nullptr, true},
     {"gpumem cuda_resource", subject_kind::gpumem, &on_device<cuda_resource>},
     {vmm_pool_subject_name, subject_kind::gpumem, &on_device<vmm_pool_resource>},

@@ -28,19 +28,28 @@ inline void check_stream_device(stream_view stream, int device, const char* wher
 
 // Note [Pools and stream capture]
 // Work queued on a stream under capture does not run: it becomes part of a graph
-// launched later, any number of times. A block a pool hands out then, or takes
-// back, is reused by the pool at once on the host's clock, long before the
-// graph's kernels touch it: silently unsafe. So the pools refuse both while the
-// stream is capturing, with a logic_error that says what to do instead. Both
-// calls must ask: a block handed out under capture and freed after it, or handed
-// out before and freed under it, is reused while the graph may still run, and
-// the driver tells no one when a capture begins (only a CUPTI subscriber hears of
-// it: gpumem::capture_watch). The legacy default stream cannot
+// launched later, any number of times. A block of the pool handed out then, or
+// taken back, would be reused by the pool at once on the host's clock, long
+// before the graph's kernels touch it: silently unsafe. So under capture a pool
+// hands out the graph's own memory instead: cuMemAllocAsync on the capturing
+// stream becomes an allocation node, whose memory the driver keeps for the graph
+// (graph_allocations). Its free under the capture becomes a free node; after the
+// capture it is a stream-ordered free of the graph's allocation, as the driver
+// allows (a graph instantiated with auto-free-on-launch, as PyTorch's are, may
+// leave its allocations unfreed between launches). What the pool handed out
+// before the capture cannot be freed under it (its block would be reused while
+// the graph may still run): a logic_error that says so, the pool unchanged.
+// Both calls must ask: an allocation under capture must be the graph's, and a
+// free under capture must not give a pool block back. The driver tells no one
+// when a capture begins (only a CUPTI subscriber hears of it:
+// gpumem::capture_watch). The legacy default stream cannot
 // be captured, so its calls skip the query, which costs about two driver calls for
 // another stream. cuStreamGetCaptureInfo (status only) costs as much or more
 // (both of its ABI versions, timed side by side on an H200), so the pools keep
 // cuStreamIsCapturing (docs/pool.md, "CUDA graphs"; the figures are in
-// docs/benchmarks.md).
+// docs/benchmarks.md). A stream new to the pool under capture gets no arena (the
+// device check would fail on it and invalidate the capture): its calls go to the
+// graph's memory, and its arena is made at its first call outside a capture.
 // A pool that uses the capture watch (`watched`: pool_options::watch_captures, and
 // the watch running) skips the query while no capture is in progress anywhere in
 // the process: one load (driver/capture_watch_state.hpp).
@@ -74,10 +83,10 @@ inline bool new_stream_is_capturing(CUstream h, int device) {
   char text[96];
   std::snprintf(text, sizeof text, "%p", static_cast<void*>(h));
   throw logic_error(std::string("gpumem::") + resource + "::" + call + ": stream " + text +
-                    " is being captured into a CUDA graph; the pool does not serve it then (its "
-                    "blocks would be reused before the graph runs). Allocate before the capture "
-                    "and free after it, or use async_resource, whose cuMemAllocAsync becomes a "
-                    "node of the graph");
+                    " is being captured into a CUDA graph, and the pool's own blocks are not given back or "
+                    "looked at then (the pool would reuse them before the graph runs): free what the pool "
+                    "handed out before the capture after it. Allocations under the capture are the graph's "
+                    "memory and can be freed under it or after it");
 }
 
 }  // namespace gpumem::detail

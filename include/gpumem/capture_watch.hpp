@@ -1,7 +1,8 @@
 // capture_watch: learn of CUDA stream captures as they begin and end, so that the
 // pools need not ask the driver on every call (docs/pool.md, "CUDA graphs").
 //
-// A pool refuses a stream under capture (pool_options::refuse_capture). To know,
+// A pool serves a stream under capture from the graph's own memory
+// (pool_options::check_capture). To know,
 // it asks the driver (cuStreamIsCapturing) on every allocate and deallocate: about
 // as much as the pool's own work (docs/benchmarks.md). With a watch,
 // the pools that ask for it (pool_options::watch_captures) ask the driver only

@@ -49,12 +49,15 @@ struct pool_options {
   // streams' reuse and trim() timelier at the cost of one event record per period.
   unsigned fence_interval = std::numeric_limits<unsigned>::max();
   std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
-  // Refuse allocate and deallocate on a stream being captured into a CUDA graph
-  // (a logic_error; docs/pool.md, "CUDA graphs"). The check is one driver query per
-  // call on streams other than the legacy default (docs/benchmarks.md). Turn it off
-  // only where no stream the pool serves is ever captured.
-  bool refuse_capture = true;
-  // With refuse_capture: hold the process-wide capture watch (capture_watch.hpp)
+  // Ask, at every call on a stream other than the legacy default, whether the
+  // stream is being captured into a CUDA graph (one driver query: docs/benchmarks.md).
+  // Under capture, allocations are the graph's own memory (cuMemAllocAsync becomes
+  // an allocation node; freed under the capture or after it), and a block the
+  // pool handed out before the capture cannot be freed under it (a logic_error):
+  // docs/pool.md, "CUDA graphs". Turn it off only where no stream the pool serves
+  // is ever captured: the hot path then makes no driver call.
+  bool check_capture = true;
+  // With check_capture: hold the process-wide capture watch (capture_watch.hpp)
   // and skip the query while no capture is in progress anywhere in the process
   // (one load instead of the driver call). Where the watch cannot start (no libcupti, a
   // profiler holding CUPTI), the pool asks the driver as before.

@@ -81,7 +81,7 @@ struct vmm_pool_options {
   bool quick_cache = true;
   unsigned fence_interval = std::numeric_limits<unsigned>::max();
   std::size_t fence_bytes = std::numeric_limits<std::size_t>::max();
-  bool refuse_capture = true;
+  bool check_capture = true;  // as pool_options::check_capture
   bool watch_captures = false;
 };
 

@@ -26,6 +26,10 @@
 //                              captured into a graph instead of run (the pools refuse to serve it)
 //  cuStreamBeginCapture/EndCapture, cuGraphDestroy   (tests only) a stream other than the legacy
 //                              default => capture begins / ends with a graph / the graph is freed
+//  cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy   (tests only) a graph => an
+//                              executable graph / launched on a stream / freed
+//  cuMemAllocAsync/FreeAsync under capture   => an allocation / a free node: the graph's memory;
+//                              such memory is also freed by cuMemFreeAsync outside the capture
 //  cuLaunchHostFunc            valid stream                       => fn runs in stream order on a
 //                              driver thread; fn must not call the driver
 //  cuEventCreate/Destroy/Record/Query/Synchronize/ElapsedTime
@@ -137,6 +141,9 @@
   X(cuStreamBeginCapture, 10010)            \
   X(cuStreamEndCapture, 10000)              \
   X(cuGraphDestroy, 10000)                  \
+  X(cuGraphInstantiateWithFlags, 11040)     \
+  X(cuGraphLaunch, 10000)                   \
+  X(cuGraphExecDestroy, 10000)              \
   X(cuEventCreate, 2000)                   \
   X(cuEventDestroy, 4000)                  \
   X(cuEventRecord, 2000)                   \

@@ -27,7 +27,7 @@ int device_of_upstream(const memory_resource& up) {
 detail::stream_pool_settings settings_of(const pool_options& o) {
   return {.reuse_across_streams = o.reuse_across_streams, .quick_cache = o.quick_cache,
           .fence_interval = o.fence_interval, .fence_bytes = o.fence_bytes,
-          .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures};
+          .check_capture = o.check_capture, .watch_captures = o.watch_captures};
 }
 
 const pool_options& checked(const pool_options& o) {
@@ -66,7 +66,7 @@ pool_resource::impl::impl(memory_resource& up, std::shared_ptr<memory_resource> 
     // Allocated synchronously: usable by every stream, so its blocks start fenced (epoch 0).
     const std::size_t bytes = (opt.initial_bytes + granule - 1) & ~(granule - 1);
     void* p = upstream->allocate_sync(bytes);
-    detail::arena& a = pool.create_arena(detail::stream_ordered_pool::key_of(CU_STREAM_LEGACY), CU_STREAM_LEGACY);
+    detail::arena& a = *pool.create_arena(detail::stream_ordered_pool::key_of(CU_STREAM_LEGACY), CU_STREAM_LEGACY);
     pool.reserved_bytes += bytes;
     pool.note_reserved();
     pool.add_chunk(a, reinterpret_cast<std::uintptr_t>(p), bytes, 0);

@@ -27,10 +27,10 @@ std::atomic<std::uint64_t> next_pool_id{1};
 }  // namespace
 
 stream_ordered_pool::stream_ordered_pool(const char* resource, int dev, stream_pool_settings s)
-    : name(resource), device(dev), settings(s), id(next_pool_id.fetch_add(1)) {
+    : name(resource), device(dev), settings(s), id(next_pool_id.fetch_add(1)), graph_memory(resource, dev) {
   if (settings.fence_interval == 0) throw logic_error(std::string("gpumem::") + name + ": fence_interval must be at least 1");
   if (settings.fence_bytes == 0) throw logic_error(std::string("gpumem::") + name + ": fence_bytes must be at least 1");
-  if (settings.refuse_capture && settings.watch_captures) {
+  if (settings.check_capture && settings.watch_captures) {
     watch = std::make_unique<capture_watch>();
     watched = !watch->source().empty();
     if (!watched) {
@@ -92,7 +92,7 @@ stream_ordered_pool::~stream_ordered_pool() {
 }
 
 // Out of line so that the hit path needs no stack frame.
-arena& stream_ordered_pool::find_arena(std::uintptr_t key, stream_view s, const char* call) {
+arena* stream_ordered_pool::find_arena(std::uintptr_t key, stream_view s) {
   pool_tls::arena_cache& cache = pool_tls::last_arena;
   arena* found = nullptr;
   {
@@ -100,19 +100,23 @@ arena& stream_ordered_pool::find_arena(std::uintptr_t key, stream_view s, const 
     auto it = arenas.find(key);
     if (it != arenas.end()) found = it->second.get();
   }
-  if (found == nullptr) found = &create_arena(key, s.handle(), call);
-  cache = {id, key, found};
-  return *found;
+  if (found == nullptr) found = create_arena(key, s.handle());
+  if (found != nullptr) cache = {id, key, found};
+  return found;
 }
 
-arena& stream_ordered_pool::create_arena(std::uintptr_t key, CUstream s, const char* call) {
+arena& stream_ordered_pool::arena_for(stream_view s, const char* call) {
+  arena* a = arena_of(s);
+  if (a == nullptr) throw_capturing(name, call, s.handle());
+  return *a;
+}
+
+arena* stream_ordered_pool::create_arena(std::uintptr_t key, CUstream s) {
   CUstream normalized = s == nullptr ? CU_STREAM_LEGACY : s;
   // Before any other driver call on the stream: on a capturing stream they fail and
   // invalidate the program's capture. Also how the capture watch learns of a
   // capture that began before it (driver/capture_watch_state.hpp).
-  if (settings.refuse_capture && new_stream_is_capturing(normalized, device)) {
-    throw_capturing(name, call, normalized);
-  }
+  if (settings.check_capture && new_stream_is_capturing(normalized, device)) return nullptr;
   {
     // A stream of another device would order nothing useful: refuse it once, here.
     device_context_guard guard(device);
@@ -122,7 +126,18 @@ arena& stream_ordered_pool::create_arena(std::uintptr_t key, CUstream s, const c
   auto& slot = arenas[key];
   if (!slot) slot = std::make_unique<arena>(normalized);
   if (arenas.size() > 1) several_streams.store(true, std::memory_order_relaxed);
-  return *slot;
+  return slot.get();
+}
+
+// Calls on a stream under capture (Note [Pools and stream capture]): the graph's
+// own memory, never the pool's.
+void* stream_ordered_pool::allocate_under_capture(std::size_t bytes, stream_view stream, std::size_t alignment) {
+  return graph_memory.allocate(bytes, alignment, stream.handle());
+}
+
+void stream_ordered_pool::deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream) {
+  if (graph_memory.deallocate(ptr, bytes, stream.handle())) return;  // a free node of the graph
+  throw_capturing(name, "deallocate", stream.handle());
 }
 
 std::vector<arena*> stream_ordered_pool::arenas_except(const arena* skip) const {
@@ -359,7 +374,11 @@ void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size
     return logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
                        " was not allocated by this pool, or was already freed");
   };
-  if (owner == nullptr || owner == &caller) throw not_ours();  // caller's own live map missed it
+  if (owner == nullptr || owner == &caller) {  // caller's own live map missed it
+    // Handed out under a capture, freed after it: the graph's allocation.
+    if (owner == nullptr && graph_memory.deallocate(ptr, bytes, caller.stream)) return;
+    throw not_ours();
+  }
   {
     std::lock_guard lock(owner->lock);
     block* b = owner->live.find(address);

@@ -30,6 +30,7 @@
 #include "gpumem/error.hpp"
 #include "gpumem/memory_resource.hpp"
 #include "pool/arena.hpp"
+#include "pool/graph_allocations.hpp"
 #include "stream_device.hpp"
 #include "text.hpp"
 
@@ -41,7 +42,7 @@ struct stream_pool_settings {
   bool quick_cache = true;
   unsigned fence_interval = ~0U;
   std::size_t fence_bytes = ~std::size_t{0};
-  bool refuse_capture = true;
+  bool check_capture = true;
   bool watch_captures = false;
   // Paged pools (vmm_pool_resource): the page, a power of two; chunks then track
   // their pages (chunk::pages, ready, busy) and a block carved over pages that
@@ -160,11 +161,20 @@ class stream_ordered_pool {
   // capturing; null otherwise (no lookup: the arenas' mutex is not taken).
   arena* arena_now(stream_view stream);
 
+  // ---- calls under capture (Note [Pools and stream capture]) ----
+  [[gnu::noinline, gnu::cold]] void* allocate_under_capture(std::size_t bytes, stream_view stream,
+                                                            std::size_t alignment);
+  [[gnu::noinline, gnu::cold]] void deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream);
+
   // ---- arenas ----
-  // `call` names the caller in the error for a new stream under capture.
-  arena& arena_for(stream_view s, const char* call = "allocate");
-  [[gnu::noinline]] arena& find_arena(std::uintptr_t key, stream_view s, const char* call);
-  arena& create_arena(std::uintptr_t key, CUstream s, const char* call = "allocate");
+  // The arena of `s`; null when `s` is new to the pool and being captured (no
+  // arena is made then: Note [Pools and stream capture]).
+  arena* arena_of(stream_view s);
+  // The same, for calls that need an arena: a new stream under capture is a
+  // logic_error naming `call`.
+  arena& arena_for(stream_view s, const char* call);
+  [[gnu::noinline]] arena* find_arena(std::uintptr_t key, stream_view s);
+  arena* create_arena(std::uintptr_t key, CUstream s);
   static std::uintptr_t key_of(CUstream s) noexcept;
   std::vector<arena*> arenas_except(const arena* skip) const;
 
@@ -264,6 +274,7 @@ class stream_ordered_pool {
   const std::uint64_t id;
   pool_backing* backing = nullptr;
   std::unique_ptr<capture_watch> watch;  // held with settings.watch_captures
+  graph_allocations graph_memory;        // what calls under capture handed out
   bool watched = false;                  // the watch started: stream_is_capturing may skip the query
   bool periodic_fences = false;          // fence_interval or fence_bytes set (arena.hpp's note)
   unsigned page_shift = 0;               // paged pools: log2(settings.page_bytes)
@@ -331,20 +342,22 @@ inline std::uintptr_t stream_ordered_pool::key_of(CUstream s) noexcept {
   return reinterpret_cast<std::uintptr_t>(s);
 }
 
-inline arena& stream_ordered_pool::arena_for(stream_view s, const char* call) {
+inline arena* stream_ordered_pool::arena_of(stream_view s) {
   const std::uintptr_t key = key_of(s.handle());
   const pool_tls::arena_cache& cache = pool_tls::last_arena;
   if (cache.pool_id == id && cache.key == key) [[likely]] {
-    return *cache.found;
+    return cache.found;
   }
-  return find_arena(key, s, call);
+  return find_arena(key, s);
 }
 
 inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
-  arena& a = arena_for(stream);  // first: a stream new to the pool is checked there
-  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) [[unlikely]] {
-    throw_capturing(name, "allocate", stream.handle());
+  arena* const found = arena_of(stream);  // first: a stream new to the pool is checked there
+  if (found == nullptr || (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)))
+      [[unlikely]] {
+    return allocate_under_capture(bytes, stream, alignment);
   }
+  arena& a = *found;
   if (bytes >= settings.slot_min_bytes && alignment <= settings.page_bytes) {
     {
       std::lock_guard lock(a.lock);
@@ -427,10 +440,13 @@ inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
 }
 
 inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream_view stream) {
-  arena& a = arena_for(stream, "deallocate");  // first, as in allocate
-  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) [[unlikely]] {
-    throw_capturing(name, "deallocate", stream.handle());
+  arena* const found = arena_of(stream);  // first, as in allocate
+  if (found == nullptr || (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)))
+      [[unlikely]] {
+    deallocate_under_capture(ptr, bytes, stream);
+    return;
   }
+  arena& a = *found;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   {
     std::lock_guard lock(a.lock);
@@ -511,7 +527,7 @@ inline bool stream_ordered_pool::fence_due_on_free(const arena& a, std::size_t b
 inline arena* stream_ordered_pool::arena_now(stream_view stream) {
   const pool_tls::arena_cache& cache = pool_tls::last_arena;
   if (cache.pool_id != id || cache.key != key_of(stream.handle())) return nullptr;
-  if (settings.refuse_capture && stream_is_capturing(stream.handle(), device, watched)) return nullptr;
+  if (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)) return nullptr;
   return cache.found;
 }
 

@@ -36,6 +36,7 @@ enum class allocation_kind {
   stream_ordered,  // cuMemAllocAsync / cuMemAllocFromPoolAsync: a block of a pool's segment
   ipc_legacy,      // another process's memory opened with cuIpcOpenMemHandle (sim_ipc.hpp)
   ipc_pool,        // another process's pool block imported with cuMemPoolImportPointer
+  graph,           // cuMemAllocAsync under stream capture: an allocation node's memory
 };
 
 // An allocation made shareable for IPC: its pages now live in a memfd of their own

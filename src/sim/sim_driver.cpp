@@ -77,6 +77,9 @@ driver_api build_sim_driver_table() {
   table.cuStreamBeginCapture = &stream_begin_capture;
   table.cuStreamEndCapture = &stream_end_capture;
   table.cuGraphDestroy = &graph_destroy;
+  table.cuGraphInstantiateWithFlags = &graph_instantiate_with_flags;
+  table.cuGraphLaunch = &graph_launch;
+  table.cuGraphExecDestroy = &graph_exec_destroy;
   table.cuStreamWaitEvent = &stream_wait_event;
   table.cuLaunchHostFunc = &launch_host_func;
   table.cuEventCreate = &event_create;

@@ -43,6 +43,9 @@ CUresult stream_begin_capture(CUstream stream, CUstreamCaptureMode mode);
 CUresult stream_end_capture(CUstream stream, CUgraph* graph);
 CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
 CUresult graph_destroy(CUgraph graph);
+CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long flags);
+CUresult graph_launch(CUgraphExec exec, CUstream stream);
+CUresult graph_exec_destroy(CUgraphExec exec);
 
 // sim_event.cpp
 CUresult event_create(CUevent* event, unsigned int flags);

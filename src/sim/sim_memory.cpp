@@ -77,6 +77,7 @@ CUresult mem_free(CUdeviceptr pointer) {
     auto a = find_allocation(state, pointer);
     if (!a || a->base != pointer || a->free_pending) return CUDA_ERROR_INVALID_VALUE;
     if (a->kind == allocation_kind::stream_ordered) return CUDA_ERROR_INVALID_VALUE;  // cuMemFreeAsync's
+    if (a->kind == allocation_kind::graph) return CUDA_ERROR_INVALID_VALUE;           // cuMemFreeAsync's
     if (state.vmm->find(pointer)) return CUDA_ERROR_INVALID_VALUE;                    // cuMemUnmap's
     // The real cuMemFree synchronizes the device first; this also keeps queued
     // host functions and copies from touching pages that are about to fault.

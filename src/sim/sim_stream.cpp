@@ -391,4 +391,32 @@ CUresult graph_destroy(CUgraph graph) {
   return CUDA_SUCCESS;
 }
 
+// An executable graph runs nothing here: a launch is a point in its stream's order.
+namespace {
+struct sim_graph_exec {
+  std::uint64_t flags = 0;
+};
+}  // namespace
+
+CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{flags});
+  return CUDA_SUCCESS;
+}
+
+CUresult graph_launch(CUgraphExec exec, CUstream handle) {
+  return entry_point([&](sim_state& state) {
+    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    return enqueue(stream, [] {});
+  });
+}
+
+CUresult graph_exec_destroy(CUgraphExec exec) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  delete reinterpret_cast<sim_graph_exec*>(exec);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace gpumem::detail::simulator

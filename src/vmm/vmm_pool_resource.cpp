@@ -25,7 +25,7 @@ namespace {
 detail::stream_pool_settings settings_of(const vmm_pool_options& o, std::size_t page) {
   return {.reuse_across_streams = o.reuse_across_streams, .quick_cache = o.quick_cache,
           .fence_interval = o.fence_interval, .fence_bytes = o.fence_bytes,
-          .refuse_capture = o.refuse_capture, .watch_captures = o.watch_captures, .page_bytes = page,
+          .check_capture = o.check_capture, .watch_captures = o.watch_captures, .page_bytes = page,
           .slot_min_bytes = o.slot_min_bytes != 0 ? std::max(o.slot_min_bytes, page) : page};
 }
 

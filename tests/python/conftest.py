@@ -5,9 +5,11 @@ The tests run on whatever backend gpumem selects: GPUMEM_BACKEND when set (CI se
 need one backend say so with the `sim_only` and `gpu_only` markers.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -83,3 +85,32 @@ class StandInContext:
 
     def __init__(self, ordinal=0):
         self.device = StandInDevice(ordinal)
+
+
+_cuda_torch = []
+
+
+def need_cuda_torch():
+    """Skips unless this backend is a GPU and PyTorch, with CUDA, can use it."""
+    if BACKEND != "cuda":
+        pytest.skip("needs a GPU (cuda backend); this run is on %r" % BACKEND)
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs PyTorch (not installed)")
+    if not _cuda_torch:
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                               capture_output=True, text=True, timeout=300)
+        _cuda_torch.append(probe.stdout.strip() == "True")
+    if not _cuda_torch[0]:
+        pytest.skip("needs PyTorch built with CUDA and a device it can use")
+
+
+def run_torch(tmp_path, source):
+    """Runs `source` in a fresh interpreter with gpumem as PyTorch's allocator (chosen
+    once per process); skips without a GPU and PyTorch. Returns what it printed."""
+    need_cuda_torch()
+    script = tmp_path / "check.py"
+    script.write_text("import torch, gpumem, gpumem.torch as gt\ngt.use_gpumem_for_torch()\n"
+                      + textwrap.dedent(source))
+    done = run_python("import runpy; runpy.run_path(%r, run_name='__main__')" % str(script), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

@@ -10,12 +10,9 @@ skipped otherwise, with the reason.
 """
 
 import ctypes
-import importlib.util
 import os
 import re
-import subprocess
 import sys
-import textwrap
 import threading
 import types
 
@@ -23,7 +20,7 @@ import pytest
 
 import gpumem
 import gpumem.torch as gtorch
-from conftest import BACKEND, run_python
+from conftest import BACKEND, need_cuda_torch, run_python, run_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
@@ -395,33 +392,6 @@ def test_pytorch_example_runs(index, tmp_path):
 
 
 # ---- with PyTorch, on a GPU ---------------------------------------------------------
-
-_cuda_torch = []
-
-
-def need_cuda_torch():
-    """Skips unless this backend is a GPU and PyTorch, with CUDA, can use it."""
-    if BACKEND != "cuda":
-        pytest.skip("needs a GPU (cuda backend); this run is on %r" % BACKEND)
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("needs PyTorch (not installed)")
-    if not _cuda_torch:
-        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                               capture_output=True, text=True, timeout=300)
-        _cuda_torch.append(probe.stdout.strip() == "True")
-    if not _cuda_torch[0]:
-        pytest.skip("needs PyTorch built with CUDA and a device it can use")
-
-
-def run_torch(tmp_path, source):
-    need_cuda_torch()
-    script = tmp_path / "check.py"
-    script.write_text("import torch, gpumem, gpumem.torch as gt\ngt.use_gpumem_for_torch()\n"
-                      + textwrap.dedent(source))
-    done = run_python("import runpy; runpy.run_path(%r, run_name='__main__')" % str(script), timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
 
 def test_torch_tensors_are_counted(tmp_path):
     run_torch(tmp_path, """

@@ -308,18 +308,20 @@ TEST_F(Pool, PeriodicFencesStillFollowTheOptions) {
 
 // ---- CUDA graphs (Note [Pools and stream capture] in src/stream_device.hpp) ----
 
-TEST_F(Pool, AStreamUnderCaptureIsRefusedWithAClearErrorAndThePoolStaysIntact) {
+TEST_F(Pool, AStreamUnderCaptureGetsTheGraphsMemoryAndThePoolStaysIntact) {
   pool_resource pool(upstream);
-  expect_capture_refused(pool, s);
+  expect_graph_memory_under_capture(pool, s, 1000);
 }
 
-TEST_F(Pool, AStreamNewToThePoolUnderCaptureIsRefusedAndTheCaptureSurvives) {
+TEST_F(Pool, AStreamNewToThePoolUnderCaptureGetsTheGraphsMemoryAndTheCaptureSurvives) {
   // The pool's first driver call on a new stream is the capture query: others (the
   // device check) fail on a capturing stream and invalidate the program's capture.
   pool_resource pool(upstream);
   capture_on capture(s);
-  EXPECT_THROW((void)pool.allocate(1000, s), logic_error);
+  void* p = pool.allocate(1000, s);
+  EXPECT_EQ(pool.statistics().allocations, 0U) << "the graph's memory, not the pool's";
   EXPECT_THROW(pool.trim(s), logic_error);
+  pool.deallocate(p, 1000, s);  // a free node
   capture.end();  // throws if the capture was invalidated
   pool.deallocate(pool.allocate(1000, s), 1000, s);
   s.synchronize();
@@ -336,9 +338,9 @@ TEST_F(Pool, TheDefaultStreamsAreNeverQueriedForCapture) {
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
-TEST_F(Pool, RefuseCaptureCanBeTurnedOff) {
+TEST_F(Pool, CheckCaptureCanBeTurnedOff) {
   pool_options o;
-  o.refuse_capture = false;
+  o.check_capture = false;
   pool_resource pool(upstream, o);
   void* warm = pool.allocate(1000, s);  // the quick cache serves the capture's request
   pool.deallocate(warm, 1000, s);

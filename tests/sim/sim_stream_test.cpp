@@ -1,6 +1,7 @@
 // Simulator: streams run their work in order on their own workers, concurrently
 // with each other, and follow the legacy default stream's rules.
 #include <atomic>
+#include <cstddef>
 #include <mutex>
 #include <vector>
 
@@ -293,6 +294,41 @@ TEST_F(sim_stream_test, a_query_under_capture_fails_and_invalidates_the_capture)
   CUgraph g = nullptr;
   ASSERT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_SUCCESS);
   EXPECT_NE(g, nullptr);
+  EXPECT_EQ(cu().cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
+// As with the driver's graph memory nodes: cuMemAllocAsync under capture is an
+// allocation node whose memory the graph owns (cuMemFree refuses it), a free node
+// under the capture gives it back, and cuMemFreeAsync after the capture frees it in
+// stream order; none of it invalidates the capture, and a launch runs in order.
+TEST_F(sim_stream_test, allocations_under_capture_are_the_graphs_memory) {
+  constexpr std::size_t bytes = std::size_t{1} << 20;
+  CUstream s = make_stream();
+  std::size_t free_before = 0;
+  std::size_t total = 0;
+  ASSERT_EQ(cu().cuMemGetInfo(&free_before, &total), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  CUdeviceptr temporary = 0;
+  CUdeviceptr kept = 0;
+  ASSERT_EQ(cu().cuMemAllocAsync(&temporary, bytes, s), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemAllocAsync(&kept, bytes, s), CUDA_SUCCESS);
+  std::size_t free_now = 0;
+  ASSERT_EQ(cu().cuMemGetInfo(&free_now, &total), CUDA_SUCCESS);
+  EXPECT_LE(free_now, free_before - 2 * bytes) << "the graph's memory is the device's";
+  EXPECT_EQ(cu().cuMemFree(temporary), CUDA_ERROR_INVALID_VALUE) << "only a stream-ordered free frees it";
+  EXPECT_EQ(cu().cuMemFreeAsync(temporary, s), CUDA_SUCCESS);  // a free node
+  CUgraph g = nullptr;
+  ASSERT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_SUCCESS) << "nothing invalidated the capture";
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu().cuGraphInstantiateWithFlags(&exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH),
+            CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuMemFreeAsync(kept, s), CUDA_SUCCESS);  // after the capture: in stream order
+  EXPECT_EQ(cu().cuMemFreeAsync(kept, s), CUDA_ERROR_INVALID_VALUE) << "freed twice";
+  ASSERT_EQ(cu().cuStreamSynchronize(s), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemGetInfo(&free_now, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_now, free_before);
+  EXPECT_EQ(cu().cuGraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(cu().cuGraphDestroy(g), CUDA_SUCCESS);
 }
 

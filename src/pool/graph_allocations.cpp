@@ -1,0 +1,61 @@
+// graph_allocations (graph_allocations.hpp).
+#include "pool/graph_allocations.hpp"
+
+#include <string>
+
+#include "driver/driver.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem::detail {
+
+void* graph_allocations::allocate(std::size_t bytes, std::size_t alignment, CUstream stream) {
+  const std::string where = std::string("gpumem::") + resource_ + "::allocate";
+  if (alignment > default_alignment) {
+    // Graph memory is aligned to 256 bytes as the driver promises, no more; padding
+    // would need a second record of where the allocation begins.
+    throw logic_error(where + ": an alignment of " + std::to_string(alignment) +
+                      " bytes on a stream under capture (the graph's memory is aligned to " +
+                      std::to_string(default_alignment) + ")");
+  }
+  CUdeviceptr p = 0;
+  CUresult r = CUDA_SUCCESS;
+  {
+    // Only the context: under capture, no call that would touch the stream's
+    // queue (cuMemAllocAsync becomes the graph's allocation node).
+    device_context_guard guard(device_);
+    r = driver().cuMemAllocAsync(&p, bytes, stream);
+  }
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    throw out_of_memory({.requested_bytes = bytes, .device = device_, .resource = resource_,
+                         .resource_held_bytes = live_.bytes(), .device_free_bytes = 0, .device_total_bytes = 0,
+                         .reason = "the stream is being captured into a CUDA graph, whose memory the driver "
+                                   "allocates (an allocation node), and the driver has no room for it"});
+  }
+  check(r, "cuMemAllocAsync", __FILE__, __LINE__);
+  void* user = reinterpret_cast<void*>(p);
+  try {
+    live_.insert(user, {user, bytes});
+  } catch (...) {
+    (void)driver().cuMemFreeAsync(p, stream);
+    throw;
+  }
+  return user;
+}
+
+bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  if (live_.count() == 0 || !live_.contains(ptr)) return false;
+  const std::string where = std::string("gpumem::") + resource_ + "::deallocate";
+  const live_allocations::entry e = live_.take(ptr, bytes, where.c_str());
+  CUresult r = CUDA_SUCCESS;
+  {
+    device_context_guard guard(device_);
+    r = driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(e.base), stream);
+  }
+  if (r != CUDA_SUCCESS) {
+    live_.insert(ptr, e);  // still the graph's: the caller may free it again
+    check(r, "cuMemFreeAsync", __FILE__, __LINE__);
+  }
+  return true;
+}
+
+}  // namespace gpumem::detail
