@@ -50,6 +50,7 @@ inline CUgraph end_capture_keeping_graph(stream_view s) {
 // Instantiates `g` as PyTorch does (its allocations may stay unfreed between
 // launches), launches it on `s` and waits for it; the caller destroys the result.
 inline CUgraphExec launch_graph(CUgraph g, stream_view s) {
+  detail::device_context_guard guard(s.device());  // instantiating needs the device's context
   CUgraphExec exec = nullptr;
   GPUMEM_CU(cuGraphInstantiateWithFlags, &exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
   GPUMEM_CU(cuGraphLaunch, exec, s.handle());
