@@ -42,7 +42,17 @@ void* graph_allocations::allocate(std::size_t bytes, std::size_t alignment, CUst
   return user;
 }
 
-bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+// Note [Freeing a graph's allocation]
+// Under a capture, cuMemFreeAsync of a graph allocation is a free node of the
+// graph being captured. After the capture it frees the allocation in stream order
+// once a launch of its graph made it, and fails with CUDA_ERROR_INVALID_VALUE when
+// no launch did (nothing is mapped there yet: a program that captured a graph and
+// dropped it, or its outputs, unlaunched). The pointer was checked to be one this
+// pool handed out under a capture, so that failure can mean only this, and the
+// free is done: the record goes, as its graph, if ever launched, frees what a
+// launch left (auto-free-on-launch) or keeps its own memory. Measured on an H200
+// (driver 580): tests/python/test_torch_graphs.py.
+bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream, bool under_capture) {
   if (live_.count() == 0 || !live_.contains(ptr)) return false;
   const std::string where = std::string("gpumem::") + resource_ + "::deallocate";
   const live_allocations::entry e = live_.take(ptr, bytes, where.c_str());
@@ -51,6 +61,7 @@ bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream
     device_context_guard guard(device_);
     r = driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(e.base), stream);
   }
+  if (r == CUDA_ERROR_INVALID_VALUE && !under_capture) return true;  // its graph never ran
   if (r != CUDA_SUCCESS) {
     live_.insert(ptr, e);  // still the graph's: the caller may free it again
     check(r, "cuMemFreeAsync", __FILE__, __LINE__);

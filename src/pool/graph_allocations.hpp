@@ -18,10 +18,10 @@ class graph_allocations {
   // graph, whose memory the graph owns. out_of_memory where the driver has no room.
   void* allocate(std::size_t bytes, std::size_t alignment, CUstream stream);
 
-  // Frees `ptr` if it is one of ours (a free node when `stream` is capturing,
-  // otherwise a stream-ordered free of the graph's allocation); false if it is not.
-  // logic_error for a size other than the allocation's.
-  bool deallocate(void* ptr, std::size_t bytes, CUstream stream);
+  // Frees `ptr` if it is one of ours (a free node `under_capture`, otherwise a
+  // stream-ordered free of the graph's allocation: Note [Freeing a graph's
+  // allocation]); false if it is not. logic_error for a size other than the allocation's.
+  bool deallocate(void* ptr, std::size_t bytes, CUstream stream, bool under_capture);
 
   std::size_t count() const noexcept { return live_.count(); }
   std::size_t bytes() const noexcept { return live_.bytes(); }

@@ -136,7 +136,7 @@ void* stream_ordered_pool::allocate_under_capture(std::size_t bytes, stream_view
 }
 
 void stream_ordered_pool::deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream) {
-  if (graph_memory.deallocate(ptr, bytes, stream.handle())) return;  // a free node of the graph
+  if (graph_memory.deallocate(ptr, bytes, stream.handle(), true)) return;  // a free node of the graph
   throw_capturing(name, "deallocate", stream.handle());
 }
 
@@ -376,7 +376,7 @@ void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size
   };
   if (owner == nullptr || owner == &caller) {  // caller's own live map missed it
     // Handed out under a capture, freed after it: the graph's allocation.
-    if (owner == nullptr && graph_memory.deallocate(ptr, bytes, caller.stream)) return;
+    if (owner == nullptr && graph_memory.deallocate(ptr, bytes, caller.stream, false)) return;
     throw not_ours();
   }
   {

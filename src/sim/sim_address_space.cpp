@@ -191,6 +191,12 @@ void device_address_space::complete_pending_free(CUdeviceptr base) {
   }
 }
 
+void device_address_space::mark_graph_launched(CUdeviceptr base) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it != live_.end() && it->second.kind == allocation_kind::graph) it->second.graph_launched = true;
+}
+
 void device_address_space::cancel_pending_free(CUdeviceptr base) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);

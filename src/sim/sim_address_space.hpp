@@ -55,6 +55,7 @@ struct allocation {
   int device = -1;
   allocation_kind kind = allocation_kind::synchronous;
   bool free_pending = false;  // cuMemFreeAsync of cuMemAlloc memory: queued, not yet reached
+  bool graph_launched = false;  // a graph allocation: a launch of its graph made it
   sim_pool* pool = nullptr;   // the pool of a stream-ordered block
   unsigned attach = 0;        // CU_MEM_ATTACH_* of managed memory
 
@@ -101,6 +102,8 @@ class device_address_space {
   // For cuMemFreeAsync of such memory: checks like free() and marks the free as
   // queued, so the allocation can neither be freed twice nor used by work queued after it.
   CUresult mark_free_pending(CUdeviceptr base);
+  // A launch of the graph that allocated `base` (a graph allocation) made it.
+  void mark_graph_launched(CUdeviceptr base);
   // Completes a free marked pending (when the stream reaches it), or takes the
   // mark back (when queuing the free failed).
   void complete_pending_free(CUdeviceptr base);

@@ -433,7 +433,10 @@ CUresult mem_alloc_async(CUdeviceptr* pointer, std::size_t bytes, CUstream strea
     // Under capture: an allocation node. Its memory is the graph's, taken from the
     // device now (the simulator launches no graphs, so nothing runs before it).
     if (stream->capturing()) {
-      return allocate_device_memory(state, *state.device(stream->device()), bytes, allocation_kind::graph, pointer);
+      const CUresult r =
+          allocate_device_memory(state, *state.device(stream->device()), bytes, allocation_kind::graph, pointer);
+      if (r == CUDA_SUCCESS) stream->add_captured_allocation(*pointer);
+      return r;
     }
     if (state.faults.should_fail_allocation()) return CUDA_ERROR_OUT_OF_MEMORY;
     // From the device's current pool; usable by work queued after this call on `stream`.
@@ -468,6 +471,11 @@ CUresult mem_free_async(CUdeviceptr pointer, CUstream stream_handle) {
       return state.device(a->device)->memory.free(pointer);
     }
     if (stream->capturing()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // only the graph's own memory
+    if (a->kind == allocation_kind::graph && !a->graph_launched) {
+      // As with the driver: no launch of its graph made it, so nothing is there to free.
+      (void)state.device(a->device)->memory.free(pointer);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     // cuMemAlloc / cuMemAllocManaged memory: marked now, so a second free or a
     // copy queued after this one is refused at the call; the memory returns to
     // the device when the stream reaches the free.

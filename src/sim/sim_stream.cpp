@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "driver/capture_watch_state.hpp"
 #include "sim/sim_entry_points.hpp"
+#include "sim/sim_memory.hpp"
 #include "sim/sim_pool.hpp"
 #include "sim/sim_state.hpp"
 
@@ -336,6 +338,7 @@ CUresult launch_host_func(CUstream handle, CUhostFn fn, void* user_data) {
 namespace {
 struct sim_graph {
   std::uint64_t stream_id = 0;
+  std::vector<CUdeviceptr> allocations;  // its allocation nodes
 };
 }  // namespace
 
@@ -362,13 +365,14 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
     const bool invalidated = stream->capture_invalidated();
+    std::vector<CUdeviceptr> allocations = stream->take_captured_allocations();
     stream->set_capturing(false);
     capture_watch_capture_ended();
     if (invalidated) {
       *graph = nullptr;
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
-    *graph = reinterpret_cast<CUgraph>(new sim_graph{stream->id()});
+    *graph = reinterpret_cast<CUgraph>(new sim_graph{stream->id(), std::move(allocations)});
     return CUDA_SUCCESS;
   });
 }
@@ -395,12 +399,13 @@ CUresult graph_destroy(CUgraph graph) {
 namespace {
 struct sim_graph_exec {
   std::uint64_t flags = 0;
+  std::vector<CUdeviceptr> allocations;  // its graph's allocation nodes
 };
 }  // namespace
 
 CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
   if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{flags});
+  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{flags, reinterpret_cast<sim_graph*>(graph)->allocations});
   return CUDA_SUCCESS;
 }
 
@@ -409,7 +414,12 @@ CUresult graph_launch(CUgraphExec exec, CUstream handle) {
     if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
-    return enqueue(stream, [] {});
+    if (CUresult r = enqueue(stream, [] {}); r != CUDA_SUCCESS) return r;
+    // Its allocations now exist (the driver maps them at launch).
+    for (CUdeviceptr p : reinterpret_cast<sim_graph_exec*>(exec)->allocations) {
+      if (auto a = find_allocation(state, p)) state.device(a->device)->memory.mark_graph_launched(p);
+    }
+    return CUDA_SUCCESS;
   });
 }
 

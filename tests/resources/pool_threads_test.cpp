@@ -328,6 +328,20 @@ TEST_F(Pool, AStreamNewToThePoolUnderCaptureGetsTheGraphsMemoryAndTheCaptureSurv
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
+TEST_F(Pool, AGraphsAllocationIsFreedAfterTheCaptureEvenIfTheGraphNeverRan) {
+  // Note [Freeing a graph's allocation]: the driver refuses that free (nothing was
+  // ever made there); the pool takes it as done.
+  pool_resource pool(upstream);
+  pool.deallocate(pool.allocate(1000, s), 1000, s);  // the stream's arena exists
+  begin_capture(s);
+  void* output = pool.allocate(1000, s);
+  GPUMEM_CU(cuGraphDestroy, end_capture_keeping_graph(s));
+  pool.deallocate(output, 1000, s);
+  EXPECT_THROW(pool.deallocate(output, 1000, s), logic_error) << "freed twice";
+  s.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
 TEST_F(Pool, TheDefaultStreamsAreNeverQueriedForCapture) {
   pool_resource pool(upstream);
   // The legacy default stream cannot be captured: served without a query.

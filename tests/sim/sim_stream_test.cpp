@@ -330,6 +330,16 @@ TEST_F(sim_stream_test, allocations_under_capture_are_the_graphs_memory) {
   EXPECT_EQ(free_now, free_before);
   EXPECT_EQ(cu().cuGraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(cu().cuGraphDestroy(g), CUDA_SUCCESS);
+
+  // A graph never launched made nothing: a free outside the capture fails, as the
+  // driver's does, and holds nothing.
+  ASSERT_EQ(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemAllocAsync(&kept, bytes, s), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuGraphDestroy(g), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuMemFreeAsync(kept, s), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu().cuMemGetInfo(&free_now, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_now, free_before);
 }
 
 // The simulator is never torn down, so exiting with streams alive neither crashes nor hangs.
