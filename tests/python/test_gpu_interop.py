@@ -208,3 +208,35 @@ def test_copies_between_devices_work_on_gpumem_memory(tmp_path):
         """,
     )
     assert "ok" in out
+
+
+def test_a_cupy_capture_gets_the_graphs_memory(tmp_path):
+    # docs/pool.md, "CUDA graphs": CuPy allocates on its current stream, so a capture
+    # on that stream is served from the graph's own memory, never the pool's blocks.
+    need("cupy")
+    out = run_script(tmp_path, """
+        import cupy
+        import gpumem, gpumem.cupy
+        gpumem.cupy.use_gpumem_for_cupy()
+        n = 1 << 20
+        s = cupy.cuda.Stream(non_blocking=True)
+        with s:
+            warm = cupy.ones(n, dtype=cupy.float32)  # the stream's arena, before the capture
+            s.synchronize()
+            used_before = gpumem.stack_report(0)["used_bytes"]
+            s.begin_capture()
+            a = cupy.arange(n, dtype=cupy.float32)
+            b = a * 2 + warm
+            del a  # a free node of the graph
+            g = s.end_capture()
+            assert gpumem.stack_report(0)["used_bytes"] == used_before, "the capture took no pool block"
+            for _ in range(3):
+                b.fill(0)
+                g.launch(s)
+                s.synchronize()
+                assert float(b[-1]) == 2.0 * (n - 1) + 1.0 and float(b[0]) == 1.0
+            del b, g  # the graph's allocation, freed after the capture
+            s.synchronize()
+        print("cupy graph ok")
+    """)
+    assert "cupy graph ok" in out
