@@ -213,6 +213,9 @@ def test_copies_between_devices_work_on_gpumem_memory(tmp_path):
 def test_a_cupy_capture_gets_the_graphs_memory(tmp_path):
     # docs/pool.md, "CUDA graphs": CuPy allocates on its current stream, so a capture
     # on that stream is served from the graph's own memory, never the pool's blocks.
+    # The output is made before the capture: CuPy instantiates its graphs without
+    # auto-free-on-launch, and the driver relaunches such a graph only once what it
+    # allocated is freed.
     need("cupy")
     out = run_script(tmp_path, """
         import cupy
@@ -221,21 +224,23 @@ def test_a_cupy_capture_gets_the_graphs_memory(tmp_path):
         n = 1 << 20
         s = cupy.cuda.Stream(non_blocking=True)
         with s:
-            warm = cupy.ones(n, dtype=cupy.float32)  # the stream's arena, before the capture
+            warm = cupy.ones(n, dtype=cupy.float32)
+            out = cupy.empty(n, dtype=cupy.float32)
             s.synchronize()
             used_before = gpumem.stack_report(0)["used_bytes"]
             s.begin_capture()
-            a = cupy.arange(n, dtype=cupy.float32)
-            b = a * 2 + warm
+            a = cupy.arange(n, dtype=cupy.float32)  # the graph's memory
+            cupy.multiply(a, 2, out=out)
+            out += warm
             del a  # a free node of the graph
             g = s.end_capture()
             assert gpumem.stack_report(0)["used_bytes"] == used_before, "the capture took no pool block"
             for _ in range(3):
-                b.fill(0)
+                out.fill(0)
                 g.launch(s)
                 s.synchronize()
-                assert float(b[-1]) == 2.0 * (n - 1) + 1.0 and float(b[0]) == 1.0
-            del b, g  # the graph's allocation, freed after the capture
+                assert float(out[-1]) == 2.0 * (n - 1) + 1.0 and float(out[0]) == 1.0
+            del g
             s.synchronize()
         print("cupy graph ok")
     """)
