@@ -274,7 +274,6 @@ class stream_ordered_pool {
   const std::uint64_t id;
   pool_backing* backing = nullptr;
   std::unique_ptr<capture_watch> watch;  // held with settings.watch_captures
-  graph_allocations graph_memory;        // what calls under capture handed out
   bool watched = false;                  // the watch started: stream_is_capturing may skip the query
   bool periodic_fences = false;          // fence_interval or fence_bytes set (arena.hpp's note)
   unsigned page_shift = 0;               // paged pools: log2(settings.page_bytes)
@@ -315,6 +314,10 @@ class stream_ordered_pool {
   alignas(apart) growth_mutex_type growth_mutex;
   alignas(apart) std::mutex maintenance_mutex;
   CUstream maintenance = nullptr;
+
+  // What calls under capture handed out: written only then, and large (its shards),
+  // so after everything the hot path reads.
+  alignas(apart) graph_allocations graph_memory;
 };
 
 // ---------------------------------------------------------------------------
