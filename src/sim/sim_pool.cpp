@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "sim/sim_entry_points.hpp"
+#include "sim/sim_graph.hpp"
 #include "sim/sim_ipc.hpp"
 #include "sim/sim_memory.hpp"
 #include "sim/sim_state.hpp"
@@ -430,14 +431,7 @@ CUresult mem_alloc_async(CUdeviceptr* pointer, std::size_t bytes, CUstream strea
     // The pool is the stream's device's; gpumem always has that device current.
     if (stream->device() != context->device()) return CUDA_ERROR_INVALID_VALUE;
     if (pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    // Under capture: an allocation node. Its memory is the graph's, taken from the
-    // device now (the simulator launches no graphs, so nothing runs before it).
-    if (stream->capturing()) {
-      const CUresult r =
-          allocate_device_memory(state, *state.device(stream->device()), bytes, allocation_kind::graph, pointer);
-      if (r == CUDA_SUCCESS) stream->add_captured_allocation(*pointer);
-      return r;
-    }
+    if (stream->capturing()) return allocate_graph_memory(state, stream, bytes, pointer);  // sim_graph.hpp
     if (state.faults.should_fail_allocation()) return CUDA_ERROR_OUT_OF_MEMORY;
     // From the device's current pool; usable by work queued after this call on `stream`.
     sim_pool* pool = state.device(stream->device())->current_pool.load(std::memory_order_acquire);
@@ -465,17 +459,8 @@ CUresult mem_free_async(CUdeviceptr pointer, CUstream stream_handle) {
     auto a = find_allocation(state, pointer);
     if (!a || a->base != pointer) return CUDA_ERROR_INVALID_VALUE;
     if (a->kind == allocation_kind::stream_ordered) return a->pool->free(pointer, stream);
-    if (a->kind == allocation_kind::graph && stream->capturing()) {
-      // A free node: the graph's memory goes back when the graph would reach it,
-      // which in the simulator (no graph launches) is now.
-      return state.device(a->device)->memory.free(pointer);
-    }
+    if (a->kind == allocation_kind::graph) return free_graph_memory(state, *a, stream);  // sim_graph.hpp
     if (stream->capturing()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // only the graph's own memory
-    if (a->kind == allocation_kind::graph && !a->graph_launched) {
-      // As with the driver: no launch of its graph made it, so nothing is there to free.
-      (void)state.device(a->device)->memory.free(pointer);
-      return CUDA_ERROR_INVALID_VALUE;
-    }
     // cuMemAlloc / cuMemAllocManaged memory: marked now, so a second free or a
     // copy queued after this one is refused at the call; the memory returns to
     // the device when the stream reaches the free.

@@ -9,7 +9,7 @@
 
 #include "driver/capture_watch_state.hpp"
 #include "sim/sim_entry_points.hpp"
-#include "sim/sim_memory.hpp"
+#include "sim/sim_graph.hpp"
 #include "sim/sim_pool.hpp"
 #include "sim/sim_state.hpp"
 
@@ -333,14 +333,9 @@ CUresult launch_host_func(CUstream handle, CUhostFn fn, void* user_data) {
 }
 
 // Stream capture: a state, no graph. The legacy default stream cannot be
-// captured (as with the driver); a captured stream refuses work (enqueue).
-// Begins and ends are reported to the capture watch, as CUPTI reports the driver's.
-namespace {
-struct sim_graph {
-  std::uint64_t stream_id = 0;
-  std::vector<CUdeviceptr> allocations;  // its allocation nodes
-};
-}  // namespace
+// captured (as with the driver); a captured stream refuses work (enqueue), but for
+// graph memory (sim_graph.hpp). Begins and ends are reported to the capture watch,
+// as CUPTI reports the driver's.
 
 CUresult stream_begin_capture(CUstream handle, CUstreamCaptureMode mode) {
   return entry_point([&](sim_state& state) {
@@ -372,7 +367,7 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
       *graph = nullptr;
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
-    *graph = reinterpret_cast<CUgraph>(new sim_graph{stream->id(), std::move(allocations)});
+    *graph = make_graph(std::move(allocations));
     return CUDA_SUCCESS;
   });
 }
@@ -387,46 +382,6 @@ CUresult stream_is_capturing(CUstream handle, CUstreamCaptureStatus* status) {
                                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
   });
-}
-
-CUresult graph_destroy(CUgraph graph) {
-  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  delete reinterpret_cast<sim_graph*>(graph);
-  return CUDA_SUCCESS;
-}
-
-// An executable graph runs nothing here: a launch is a point in its stream's order.
-namespace {
-struct sim_graph_exec {
-  std::uint64_t flags = 0;
-  std::vector<CUdeviceptr> allocations;  // its graph's allocation nodes
-};
-}  // namespace
-
-CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
-  if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{flags, reinterpret_cast<sim_graph*>(graph)->allocations});
-  return CUDA_SUCCESS;
-}
-
-CUresult graph_launch(CUgraphExec exec, CUstream handle) {
-  return entry_point([&](sim_state& state) {
-    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::shared_ptr<sim_stream> stream;
-    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
-    if (CUresult r = enqueue(stream, [] {}); r != CUDA_SUCCESS) return r;
-    // Its allocations now exist (the driver maps them at launch).
-    for (CUdeviceptr p : reinterpret_cast<sim_graph_exec*>(exec)->allocations) {
-      if (auto a = find_allocation(state, p)) state.device(a->device)->memory.mark_graph_launched(p);
-    }
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult graph_exec_destroy(CUgraphExec exec) {
-  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  delete reinterpret_cast<sim_graph_exec*>(exec);
-  return CUDA_SUCCESS;
 }
 
 }  // namespace gpumem::detail::simulator
