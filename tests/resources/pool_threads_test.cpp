@@ -342,6 +342,32 @@ TEST_F(Pool, AGraphsAllocationIsFreedAfterTheCaptureEvenIfTheGraphNeverRan) {
   EXPECT_EQ(pool.statistics().allocations, 0U);
 }
 
+TEST_F(Pool, UnderCaptureTooLargeAnAlignmentAndAShortageAreClearErrors) {
+  pool_resource pool(upstream);
+  pool.deallocate(pool.allocate(1000, s), 1000, s);  // the stream's arena exists
+  begin_capture(s);
+  try {
+    (void)pool.allocate(1000, s, 4096);
+    ADD_FAILURE() << "an alignment above the graph memory's was accepted";
+  } catch (const logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("under capture"), std::string::npos) << e.what();
+  }
+  if (on_simulator()) {
+    sim::fail_nth_allocation(1);  // the driver's allocation node fails
+    try {
+      (void)pool.allocate(1000, s);
+      ADD_FAILURE() << "the driver's refusal was not reported";
+    } catch (const out_of_memory& e) {
+      EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
+    }
+    sim::fail_nth_allocation(0);
+  }
+  end_capture(s);  // neither invalidated the capture
+  pool.deallocate(pool.allocate(1000, s), 1000, s);
+  s.synchronize();
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
 TEST_F(Pool, TheDefaultStreamsAreNeverQueriedForCapture) {
   pool_resource pool(upstream);
   // The legacy default stream cannot be captured: served without a query.
