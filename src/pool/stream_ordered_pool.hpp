@@ -170,7 +170,7 @@ class stream_ordered_pool {
   // The arena of `s`; null when `s` is new to the pool and being captured (no
   // arena is made then: Note [Pools and stream capture]).
   arena* arena_of(stream_view s);
-  // The same, for calls that need an arena: a new stream under capture is a
+  // The same, for calls that record on the stream: a stream under capture is a
   // logic_error naming `call`.
   arena& arena_for(stream_view s, const char* call);
   [[gnu::noinline]] arena* find_arena(std::uintptr_t key, stream_view s);

@@ -74,6 +74,7 @@ inline void expect_graph_memory_under_capture(Pool& pool, stream& s, std::size_t
   pool.deallocate(temporary, bytes, s);  // a free node of the graph
   void* kept = pool.allocate(bytes, s);  // freed after the capture
   EXPECT_THROW(pool.deallocate(kept, bytes + 1, s), logic_error) << "not its size";
+  EXPECT_THROW(pool.trim(s), logic_error) << "its fence would join the capture";
   try {
     pool.deallocate(before, bytes, s);
     ADD_FAILURE() << "a block handed out before the capture was taken back under it";
