@@ -106,10 +106,10 @@ arena* stream_ordered_pool::find_arena(std::uintptr_t key, stream_view s) {
 }
 
 arena& stream_ordered_pool::arena_for(stream_view s, const char* call) {
-  arena* a = arena_of(s);
+  arena* a = nullptr;
   // Its callers record on the stream (trim's fence), which under a capture would
   // become a node of the graph instead of a point the pool can wait for.
-  if (a == nullptr || (settings.check_capture && stream_is_capturing(s.handle(), device, watched))) {
+  if (!arena_of(s, a) || (settings.check_capture && stream_is_capturing(s.handle(), device, watched))) {
     throw_capturing(name, call, s.handle());
   }
   return *a;

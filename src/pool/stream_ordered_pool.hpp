@@ -167,9 +167,11 @@ class stream_ordered_pool {
   [[gnu::noinline, gnu::cold]] void deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream);
 
   // ---- arenas ----
-  // The arena of `s`; null when `s` is new to the pool and being captured (no
-  // arena is made then: Note [Pools and stream capture]).
-  arena* arena_of(stream_view s);
+  // The arena of `s` in `out`; false when `s` is new to the pool and being
+  // captured (no arena is made then: Note [Pools and stream capture]). A bool, not
+  // a null pointer: inlined, the thread's cached arena answers true at compile
+  // time, so the hot path tests nothing more than before.
+  bool arena_of(stream_view s, arena*& out);
   // The same, for calls that record on the stream: a stream under capture is a
   // logic_error naming `call`.
   arena& arena_for(stream_view s, const char* call);
@@ -345,19 +347,21 @@ inline std::uintptr_t stream_ordered_pool::key_of(CUstream s) noexcept {
   return reinterpret_cast<std::uintptr_t>(s);
 }
 
-inline arena* stream_ordered_pool::arena_of(stream_view s) {
+inline bool stream_ordered_pool::arena_of(stream_view s, arena*& out) {
   const std::uintptr_t key = key_of(s.handle());
   const pool_tls::arena_cache& cache = pool_tls::last_arena;
   if (cache.pool_id == id && cache.key == key) [[likely]] {
-    return cache.found;
+    out = cache.found;
+    return true;
   }
-  return find_arena(key, s);
+  out = find_arena(key, s);
+  return out != nullptr;
 }
 
 inline void* stream_ordered_pool::allocate(std::size_t bytes, stream_view stream, std::size_t alignment) {
-  arena* const found = arena_of(stream);  // first: a stream new to the pool is checked there
-  if (found == nullptr || (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)))
-      [[unlikely]] {
+  arena* found = nullptr;
+  if (!arena_of(stream, found) || (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)))
+      [[unlikely]] {  // arena_of first: a stream new to the pool is checked there
     return allocate_under_capture(bytes, stream, alignment);
   }
   arena& a = *found;
@@ -443,9 +447,9 @@ inline bool stream_ordered_pool::pages_ready(const block* b) const noexcept {
 }
 
 inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream_view stream) {
-  arena* const found = arena_of(stream);  // first, as in allocate
-  if (found == nullptr || (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)))
-      [[unlikely]] {
+  arena* found = nullptr;
+  if (!arena_of(stream, found) || (settings.check_capture && stream_is_capturing(stream.handle(), device, watched)))
+      [[unlikely]] {  // arena_of first, as in allocate
     deallocate_under_capture(ptr, bytes, stream);
     return;
   }
