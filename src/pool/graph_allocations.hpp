@@ -23,9 +23,6 @@ class graph_allocations {
   // allocation]); false if it is not. logic_error for a size other than the allocation's.
   bool deallocate(void* ptr, std::size_t bytes, CUstream stream, bool under_capture);
 
-  std::size_t count() const noexcept { return live_.count(); }
-  std::size_t bytes() const noexcept { return live_.bytes(); }
-
  private:
   const char* const resource_;
   const int device_;

@@ -13,7 +13,6 @@ struct sim_graph {
   std::vector<CUdeviceptr> allocations;  // its allocation nodes
 };
 struct sim_graph_exec {
-  unsigned long long flags = 0;
   std::vector<CUdeviceptr> allocations;  // its graph's allocation nodes
 };
 }  // namespace
@@ -52,9 +51,10 @@ CUresult graph_destroy(CUgraph graph) {
   return CUDA_SUCCESS;
 }
 
-CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+// The flags (auto-free-on-launch among them) change nothing where no graph runs.
+CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long /*flags*/) {
   if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{flags, reinterpret_cast<sim_graph*>(graph)->allocations});
+  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{reinterpret_cast<sim_graph*>(graph)->allocations});
   return CUDA_SUCCESS;
 }
 
