@@ -24,6 +24,9 @@
 //                              starts after the event's last record completed (not the host)
 //  cuStreamIsCapturing         valid stream                       => whether work queued on it now is
 //                              captured into a graph instead of run (the pools refuse to serve it)
+//  cuThreadExchangeStreamCaptureMode   -                         => the calling thread's capture
+//                              interaction mode swapped (relaxed: a capture in progress elsewhere
+//                              does not forbid its queries, waits and cuMemAlloc/Free; capture_interaction.hpp)
 //  cuStreamBeginCapture/EndCapture, cuGraphDestroy   (tests only) a stream other than the legacy
 //                              default => capture begins / ends with a graph / the graph is freed
 //  cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy   (tests only) a graph => an
@@ -139,6 +142,7 @@
   X(cuLaunchHostFunc, 10000)                \
   X(cuStreamIsCapturing, 10000)             \
   X(cuStreamBeginCapture, 10010)            \
+  X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuStreamEndCapture, 10000)              \
   X(cuGraphDestroy, 10000)                  \
   X(cuGraphInstantiateWithFlags, 11040)     \

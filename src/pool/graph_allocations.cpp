@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
 
@@ -59,6 +60,8 @@ bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream
   CUresult r = CUDA_SUCCESS;
   {
     device_context_guard guard(device_);
+    // After its capture, on a stream another capture may forbid it on (Note [Calls a capture elsewhere forbids]).
+    relaxed_capture_interaction relaxed;
     r = driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(e.base), stream);
   }
   if (r == CUDA_ERROR_INVALID_VALUE && !under_capture) return true;  // its graph never ran

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
 #include "pool/pool_impl.hpp"
@@ -206,7 +207,12 @@ std::size_t pool_resource::impl::give_back(bool device_synchronized) {
     void* base = reinterpret_cast<void*>(v.c->base);
     // A fence already complete needs no ordering: the upstream gets the chunk as
     // memory whose use is over (and may give it back to the device at once).
-    if (v.fence != nullptr && detail::driver().cuEventQuery(v.fence) != CUDA_SUCCESS) {
+    bool complete = v.fence == nullptr;
+    if (!complete) {
+      detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
+      complete = detail::driver().cuEventQuery(v.fence) == CUDA_SUCCESS;
+    }
+    if (!complete) {
       // Ordered after the frees on the device; the host does not wait.
       CUstream ms = pool.maintenance_stream();
       GPUMEM_CU(cuStreamWaitEvent, ms, v.fence, 0);

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "diagnose.hpp"
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 
@@ -454,6 +455,8 @@ bool stream_ordered_pool::absorb_pending(arena& a) {
 }
 
 void stream_ordered_pool::absorb_completed_pending(arena& a) {
+  if (a.pending.empty()) return;
+  relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
   for (std::size_t i = 0; i < a.pending.size();) {
     const CUresult r = a.pending[i].fence != nullptr ? driver().cuEventQuery(a.pending[i].fence) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {

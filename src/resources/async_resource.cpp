@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -280,7 +281,11 @@ void* async_resource::do_allocate(std::size_t bytes, stream_view stream, std::si
                                        : "the request is larger than the device's total memory"});
   }
   CUdeviceptr base = 0;
-  CUresult r = detail::driver().cuMemAllocFromPoolAsync(&base, bytes + padding, s.pool, stream.handle());
+  CUresult r = CUDA_SUCCESS;
+  {
+    detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
+    r = detail::driver().cuMemAllocFromPoolAsync(&base, bytes + padding, s.pool, stream.handle());
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // Memory is short. The pool may hold free memory it cannot use for this
     // request (scattered, or freed on streams it may not take from yet): wait
@@ -288,6 +293,7 @@ void* async_resource::do_allocate(std::size_t bytes, stream_view stream, std::si
     // memory back, and try again. Off the hot path, like pool_resource's step 4.
     GPUMEM_CU(cuCtxSynchronize);
     GPUMEM_CU(cuMemPoolTrimTo, s.pool, 0);
+    detail::relaxed_capture_interaction relaxed;
     r = detail::driver().cuMemAllocFromPoolAsync(&base, bytes + padding, s.pool, stream.handle());
   }
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -316,7 +322,11 @@ void async_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view str
   const detail::live_allocations::entry e = s.live.take(ptr, bytes, "gpumem::async_resource::deallocate");
   // Stream-ordered by the driver: reused once `stream`'s earlier work is done
   // (at once by later work on `stream` itself).
-  const CUresult r = detail::driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(e.base), stream.handle());
+  CUresult r = CUDA_SUCCESS;
+  {
+    detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
+    r = detail::driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(e.base), stream.handle());
+  }
   if (r != CUDA_SUCCESS) {
     s.live.insert(ptr, e);  // still the caller's: the resource stays consistent
     detail::check(r, "cuMemFreeAsync", __FILE__, __LINE__);

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "driver/driver.hpp"
+#include "driver/capture_interaction.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "stream_device.hpp"
@@ -87,7 +88,11 @@ void* cuda_resource::do_allocate(std::size_t bytes, stream_view stream, std::siz
     throw out_of_memory(std::move(info));
   }
   CUdeviceptr base = 0;
-  CUresult r = detail::driver().cuMemAlloc(&base, bytes + padding);
+  CUresult r = CUDA_SUCCESS;
+  {
+    detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
+    r = detail::driver().cuMemAlloc(&base, bytes + padding);
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     memory_info m = device_memory_info(s.device);
     throw out_of_memory({.requested_bytes = bytes, .device = s.device, .resource = "cuda_resource",
@@ -128,6 +133,7 @@ void cuda_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view stre
   s.allocated_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   // cuMemFree waits for all work on the device, so work queued on `stream` before
   // this call has finished with the memory when it is released: the contract holds.
+  detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
   GPUMEM_CU(cuMemFree, base);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <string>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -93,7 +94,11 @@ void* managed_resource::do_allocate(std::size_t bytes, stream_view stream, std::
   }
   CUdeviceptr base = 0;
   const unsigned flags = s.attach == managed_attach::global ? CU_MEM_ATTACH_GLOBAL : CU_MEM_ATTACH_HOST;
-  const CUresult r = detail::driver().cuMemAllocManaged(&base, bytes + padding, flags);
+  CUresult r = CUDA_SUCCESS;
+  {
+    detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
+    r = detail::driver().cuMemAllocManaged(&base, bytes + padding, flags);
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     const memory_info m = device_memory_info(s.device);
     throw out_of_memory({.requested_bytes = bytes, .device = s.device, .resource = "managed_resource",
@@ -115,7 +120,11 @@ void managed_resource::do_deallocate(void* ptr, std::size_t bytes, stream_view s
   const detail::live_allocations::entry e = s.live.take(ptr, bytes, "gpumem::managed_resource::deallocate");
   // cuMemFree waits for all work on the device, so the work queued on `stream`
   // before this call is done with the memory when it goes: the contract holds.
-  const CUresult r = detail::driver().cuMemFree(reinterpret_cast<CUdeviceptr>(e.base));
+  CUresult r = CUDA_SUCCESS;
+  {
+    detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
+    r = detail::driver().cuMemFree(reinterpret_cast<CUdeviceptr>(e.base));
+  }
   if (r != CUDA_SUCCESS) {
     s.live.insert(ptr, e);
     detail::check(r, "cuMemFree", __FILE__, __LINE__);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_state.hpp"
 #include "sim/sim_stream.hpp"
@@ -268,6 +269,8 @@ CUresult ctx_synchronize() {
   return entry_point([&](sim_state& state) {
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+    // Forbidden in every mode while one of its streams is captured (sim_capture_rules.hpp).
+    if (CUresult r = context_synchronize_permitted(context->device()); r != CUDA_SUCCESS) return r;
     context->synchronize();
     // Every free on the context's streams is now seen complete: a synchronization point for the pools.
     observe_synchronization(state, host_observation::of_context(context->device()));

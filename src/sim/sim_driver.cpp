@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gpumem/error.hpp"
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_config.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_state.hpp"
@@ -75,6 +76,7 @@ driver_api build_sim_driver_table() {
   table.cuStreamQuery = &stream_query;
   table.cuStreamIsCapturing = &stream_is_capturing;
   table.cuStreamBeginCapture = &stream_begin_capture;
+  table.cuThreadExchangeStreamCaptureMode = &thread_exchange_stream_capture_mode;
   table.cuStreamEndCapture = &stream_end_capture;
   table.cuGraphDestroy = &graph_destroy;
   table.cuGraphInstantiateWithFlags = &graph_instantiate_with_flags;

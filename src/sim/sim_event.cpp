@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_pool.hpp"
 #include "sim/sim_state.hpp"
@@ -108,6 +109,7 @@ CUresult event_query(CUevent handle) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_event> event;
     if (CUresult r = find_event(state, handle, event); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     return event->complete() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
@@ -116,6 +118,7 @@ CUresult event_synchronize(CUevent handle) {
   return entry_point([&](sim_state& state) {
     std::shared_ptr<sim_event> event;
     if (CUresult r = find_event(state, handle, event); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     if (auto record = event->last_record()) {
       record->wait();
       // The host has now seen the recorded work complete: a synchronization point for the pools.

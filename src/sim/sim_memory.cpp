@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_state.hpp"
 
@@ -53,6 +54,7 @@ CUresult mem_alloc(CUdeviceptr* pointer, std::size_t bytes) {
   return entry_point([&](sim_state& state) {
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     return allocate_device_memory(state, *state.device(context->device()), bytes,
                                   allocation_kind::synchronous, pointer);
   });
@@ -79,6 +81,7 @@ CUresult mem_free(CUdeviceptr pointer) {
     if (a->kind == allocation_kind::stream_ordered) return CUDA_ERROR_INVALID_VALUE;  // cuMemFreeAsync's
     if (a->kind == allocation_kind::graph) return CUDA_ERROR_INVALID_VALUE;           // cuMemFreeAsync's
     if (state.vmm->find(pointer)) return CUDA_ERROR_INVALID_VALUE;                    // cuMemUnmap's
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     // The real cuMemFree synchronizes the device first; this also keeps queued
     // host functions and copies from touching pages that are about to fault.
     sim_device& owner = *state.device(a->device);

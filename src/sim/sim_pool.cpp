@@ -8,6 +8,7 @@
 
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_graph.hpp"
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_ipc.hpp"
 #include "sim/sim_memory.hpp"
 #include "sim/sim_state.hpp"
@@ -432,6 +433,7 @@ CUresult mem_alloc_async(CUdeviceptr* pointer, std::size_t bytes, CUstream strea
     if (stream->device() != context->device()) return CUDA_ERROR_INVALID_VALUE;
     if (pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if (stream->capturing()) return allocate_graph_memory(state, stream, bytes, pointer);  // sim_graph.hpp
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     if (state.faults.should_fail_allocation()) return CUDA_ERROR_OUT_OF_MEMORY;
     // From the device's current pool; usable by work queued after this call on `stream`.
     sim_pool* pool = state.device(stream->device())->current_pool.load(std::memory_order_acquire);
@@ -446,6 +448,9 @@ CUresult mem_alloc_from_pool_async(CUdeviceptr* pointer, std::size_t bytes, CUme
     if (CUresult r = resolve_stream(state, stream_handle, stream); r != CUDA_SUCCESS) return r;
     sim_pool* pool = state.pools.find(pool_handle);
     if (pool == nullptr || pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!stream->capturing()) {
+      if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
+    }
     if (state.faults.should_fail_allocation()) return CUDA_ERROR_OUT_OF_MEMORY;
     // The pool may be of another device than the stream, as in CUDA.
     return pool->allocate(bytes, stream, pointer);
@@ -458,6 +463,9 @@ CUresult mem_free_async(CUdeviceptr pointer, CUstream stream_handle) {
     if (CUresult r = resolve_stream(state, stream_handle, stream); r != CUDA_SUCCESS) return r;
     auto a = find_allocation(state, pointer);
     if (!a || a->base != pointer) return CUDA_ERROR_INVALID_VALUE;
+    if (!stream->capturing()) {
+      if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
+    }
     if (a->kind == allocation_kind::stream_ordered) return a->pool->free(pointer, stream);
     if (a->kind == allocation_kind::graph) return free_graph_memory(state, *a, stream);  // sim_graph.hpp
     if (stream->capturing()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // only the graph's own memory

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "driver/capture_watch_state.hpp"
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_graph.hpp"
 #include "sim/sim_pool.hpp"
@@ -276,6 +277,7 @@ CUresult stream_destroy(CUstream handle) {
     if (is_default_stream_handle(handle)) return CUDA_ERROR_INVALID_HANDLE;
     std::shared_ptr<sim_stream> stream = state.streams.remove(handle);
     if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (stream->capturing()) capture_ended(stream.get());  // a capture it never ended forbids nothing more
     stream->close();  // returns at once; queued work still runs
     return CUDA_SUCCESS;
   });
@@ -306,6 +308,7 @@ CUresult stream_synchronize(CUstream handle) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
     if (stream->capturing()) return refuse_under_capture(*stream);
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     const stream_position tail = stream->tail();
     tail.wait();
     // The host has now seen this work complete: a synchronization point for the pools.
@@ -319,6 +322,7 @@ CUresult stream_query(CUstream handle) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
     if (stream->capturing()) return refuse_under_capture(*stream);
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     return stream->idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
@@ -349,6 +353,7 @@ CUresult stream_begin_capture(CUstream handle, CUstreamCaptureMode mode) {
     if (stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
     capture_watch_begin_entered();  // as CUPTI reports a begin: before the stream captures
     stream->set_capturing(true);
+    capture_begun(stream, mode);  // what it forbids elsewhere: sim_capture_rules.hpp
     return CUDA_SUCCESS;
   });
 }
@@ -362,6 +367,7 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
     const bool invalidated = stream->capture_invalidated();
     std::vector<CUdeviceptr> allocations = stream->take_captured_allocations();
     stream->set_capturing(false);
+    capture_ended(stream.get());
     capture_watch_capture_ended();
     if (invalidated) {
       *graph = nullptr;

@@ -5,6 +5,7 @@
 #include <bit>
 #include <chrono>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/error.hpp"
 #include "vmm/virtual_memory.hpp"
@@ -74,6 +75,7 @@ namespace vm = detail::vmm;
 
 void vmm_pool_resource::impl::settle(arena& a) {
   if (a.fence == nullptr || a.fenced_frees <= a.settled_frees) return;
+  detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
   const CUresult r = detail::driver().cuEventQuery(a.fence);
   if (r == CUDA_SUCCESS) {
     a.settled_frees = a.fenced_frees;
@@ -120,6 +122,7 @@ void vmm_pool_resource::impl::wait_settled(arena& a, std::uint64_t epoch) {
   if (is_settled(a, epoch)) return;
   if (a.fenced_frees < epoch) pool.record_fence(a);
   detail::device_context_guard guard(pool.device);
+  detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
   GPUMEM_CU(cuEventSynchronize, a.fence);
   a.settled_frees = a.fenced_frees;
 }

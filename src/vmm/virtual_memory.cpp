@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -159,6 +160,7 @@ std::size_t release_queue::poll() {
   {
     std::lock_guard lock(mutex_);
     if (entries_.empty()) return 0;
+    relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (it->event == nullptr || driver().cuEventQuery(it->event) == CUDA_SUCCESS) {
         ready.push_back(std::move(*it));
