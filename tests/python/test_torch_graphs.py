@@ -68,3 +68,38 @@ def test_outputs_of_a_graph_never_launched_are_freed_quietly(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dropped ok" in done.stdout
     assert "failed" not in done.stderr, done.stderr
+
+
+def test_another_threads_allocations_leave_a_global_capture_valid(tmp_path):
+    # torch.cuda.graph captures in global mode: while it does, the driver forbids
+    # event queries, waits and cuMemAlloc in every thread, and such a call would
+    # invalidate the capture. The pool's own (a trim looking at its fences, slots
+    # made and given back) run relaxed (Note [Calls a capture elsewhere forbids]).
+    out = run_torch(tmp_path, """
+        import threading
+        n = 256
+        static_in = torch.randn(n, n, device="cuda")
+        torch.cuda.synchronize()
+        pool = gpumem.get_current_resource(0)
+
+        def other_work():
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                for step in range(3):
+                    held = [torch.empty(m << 20, dtype=torch.uint8, device="cuda") for m in (1, 3, 8, 24)]
+                    held.append(torch.ones(1000 + step, device="cuda"))
+                    del held
+                    pool.trim()
+            s.synchronize()
+
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = static_in * 2
+            t = threading.Thread(target=other_work)
+            t.start()
+            t.join()
+        g.replay()
+        torch.testing.assert_close(static_out, static_in * 2)
+        print("capture ok")
+    """)
+    assert "capture ok" in out
