@@ -82,15 +82,15 @@ def test_another_threads_allocations_leave_a_global_capture_valid(tmp_path):
         torch.cuda.synchronize()
         pool = gpumem.get_current_resource(0)
 
-        def other_work():
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
+        side = torch.cuda.Stream()
+
+        def other_work():  # no synchronisation of its own here: the driver forbids that
+            with torch.cuda.stream(side):
                 for step in range(3):
                     held = [torch.empty(m << 20, dtype=torch.uint8, device="cuda") for m in (1, 3, 8, 24)]
                     held.append(torch.ones(1000 + step, device="cuda"))
                     del held
                     pool.trim()
-            s.synchronize()
 
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
@@ -98,6 +98,7 @@ def test_another_threads_allocations_leave_a_global_capture_valid(tmp_path):
             t = threading.Thread(target=other_work)
             t.start()
             t.join()
+        side.synchronize()
         g.replay()
         torch.testing.assert_close(static_out, static_in * 2)
         print("capture ok")
