@@ -19,9 +19,10 @@ namespace gpumem::detail {
 // call made by the capturing thread and by another, in each mode
 // (docs/pool.md, "CUDA graphs"):
 //  - forbidden unless relaxed: cuEventQuery, cuEventSynchronize, cuStreamQuery and
-//    cuStreamSynchronize (of a stream not captured), cuMemAlloc, cuMemFree, and
-//    cuMemAllocAsync/FreeAsync on a stream not captured;
-//  - forbidden in every mode: cuCtxSynchronize;
+//    cuStreamSynchronize (of a stream not captured), cuMemAlloc, cuMemFree,
+//    cuMemAllocAsync/FreeAsync on a stream not captured, cuMemAllocManaged,
+//    cuMemHostAlloc and cuMemFreeHost;
+//  - forbidden in every mode, the caller's relaxed too: cuCtxSynchronize;
 //  - permitted: cuStreamIsCapturing, cuEventRecord and cuStreamWaitEvent on a
 //    stream not captured, cuEventCreate/Destroy, every virtual memory call
 //    (create, reserve, map, access, unmap, release), cuMemGetInfo.

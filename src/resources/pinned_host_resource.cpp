@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 
+#include "driver/capture_interaction.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
@@ -118,6 +119,7 @@ void* pinned_host_resource::do_allocate(std::size_t bytes, stream_view /*stream*
                                    std::to_string(host_bytes) + " bytes)"});
   }
   detail::device_context_guard guard(s.device);
+  detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
   auto allocate = [&](std::size_t n) {
     void* p = nullptr;
     const CUresult r = detail::driver().cuMemHostAlloc(&p, n, s.flags);
@@ -146,6 +148,7 @@ void pinned_host_resource::do_deallocate(void* ptr, std::size_t bytes, stream_vi
   state& s = *state_;
   detail::device_context_guard guard(s.device);
   const detail::live_allocations::entry e = s.live.take(ptr, bytes, "gpumem::pinned_host_resource::deallocate");
+  detail::relaxed_capture_interaction relaxed;  // Note [Calls a capture elsewhere forbids]
   try {
     // The work queued on `stream` before this call may still use the memory.
     stream.synchronize();

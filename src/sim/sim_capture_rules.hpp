@@ -19,7 +19,8 @@ void capture_ended(const sim_stream* stream);
 
 // Before a potentially unsafe call (cuEventQuery, cuEventSynchronize, cuStreamQuery
 // and cuStreamSynchronize of a stream not captured, cuMemAlloc, cuMemFree,
-// cuMemAllocAsync / cuMemFreeAsync on a stream not captured): CUDA_SUCCESS when
+// cuMemAllocAsync / cuMemFreeAsync on a stream not captured, cuMemAllocManaged,
+// cuMemHostAlloc, cuMemFreeHost): CUDA_SUCCESS when
 // this thread may make it now, else CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, every
 // capture that forbids it invalidated.
 CUresult unsafe_call_permitted();

@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "sim/sim_capture_rules.hpp"
 #include "sim/sim_entry_points.hpp"
 #include "sim/sim_state.hpp"
 
@@ -169,6 +170,7 @@ CUresult mem_host_alloc(void** pointer, std::size_t bytes, unsigned int flags) {
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
     if (pointer == nullptr || bytes == 0 || (flags & ~host_alloc_flags) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     return state.host.allocate(bytes, flags, context->device(), pointer);
   });
 }
@@ -177,6 +179,7 @@ CUresult mem_free_host(void* pointer) {
   return entry_point([&](sim_state& state) {
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     return state.host.free(pointer);
   });
 }

@@ -65,6 +65,7 @@ CUresult mem_alloc_managed(CUdeviceptr* pointer, std::size_t bytes, unsigned int
     sim_context* context = nullptr;
     if (CUresult r = require_current_context(context); r != CUDA_SUCCESS) return r;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = unsafe_call_permitted(); r != CUDA_SUCCESS) return r;  // sim_capture_rules.hpp
     // Placed in the current context's device memory and counted against its
     // capacity: no oversubscription, no migration (docs/simulator.md).
     return allocate_device_memory(state, *state.device(context->device()), bytes,

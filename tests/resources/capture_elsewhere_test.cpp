@@ -116,6 +116,27 @@ TEST(CaptureElsewhere, TheDriverForbidsUnsafeCallsAsMeasured) {
          return r;
        },
        true, false},
+      {"cuMemAllocManaged",
+       [](CUstream, CUevent) {
+         CUdeviceptr p = 0;
+         CUresult r = detail::driver().cuMemAllocManaged(&p, MiB, CU_MEM_ATTACH_GLOBAL);
+         if (r == CUDA_SUCCESS) {
+           CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;  // the free is not what is checked
+           (void)detail::driver().cuThreadExchangeStreamCaptureMode(&relaxed);
+           (void)detail::driver().cuMemFree(p);
+           (void)detail::driver().cuThreadExchangeStreamCaptureMode(&relaxed);
+         }
+         return r;
+       },
+       true, false},
+      {"cuMemHostAlloc and cuMemFreeHost",
+       [](CUstream, CUevent) {
+         void* p = nullptr;
+         CUresult r = detail::driver().cuMemHostAlloc(&p, MiB, 0);
+         if (r == CUDA_SUCCESS) r = detail::driver().cuMemFreeHost(p);
+         return r;
+       },
+       true, false},
       {"cuEventRecord", [](CUstream s, CUevent e) { return detail::driver().cuEventRecord(e, s); }, false, false},
       {"cuStreamWaitEvent", [](CUstream s, CUevent e) { return detail::driver().cuStreamWaitEvent(s, e, 0); }, false, false},
   };
