@@ -36,6 +36,12 @@ inline bool watch_says_no_capture() noexcept {
   return capture_watch_word.load(std::memory_order_acquire) == 0;
 }
 
+// True when the watch runs, is trusted, and counts a capture in progress.
+inline bool watch_knows_a_capture() noexcept {
+  const std::uint64_t w = capture_watch_word.load(std::memory_order_acquire);
+  return w != 0 && (w & capture_watch_off) == 0;
+}
+
 // The word now, for tests (the word itself is not exported: the pools read it
 // without going through the dynamic linker's table).
 GPUMEM_EXPORT std::uint64_t capture_watch_word_now() noexcept;

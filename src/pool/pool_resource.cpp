@@ -125,8 +125,8 @@ bool pool_resource::do_try_deallocate_now(void* ptr, std::size_t bytes, stream_v
 
 std::size_t pool_resource::release() {
   std::lock_guard growing(impl_->pool.growth_mutex);
-  impl_->pool.synchronize_and_fence_everything();
-  return impl_->give_back(true);
+  const bool synchronized = impl_->pool.synchronize_and_fence_everything();
+  return impl_->give_back(synchronized);
 }
 
 std::size_t pool_resource::trim() {

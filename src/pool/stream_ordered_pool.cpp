@@ -318,14 +318,14 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   }
   // 5. Make every free complete (one device synchronisation, off the hot path),
   //    give free memory back, and try everything again.
-  synchronize_and_fence_everything();
+  const bool synchronized = synchronize_and_fence_everything();
   if (void* p = try_own(a, r, true)) return p;
   if (void* p = backing->take_from_others(a, r, true)) return p;
-  backing->before_last_growth();
+  if (synchronized) backing->before_last_growth();  // it counts on the synchronisation
   if (backing->grow(a, r.need, true)) {
     if (void* p = try_own(a, r, true)) return p;
   }
-  throw_out_of_memory(r.requested, r.alignment);
+  throw_out_of_memory(r.requested, r.alignment, !synchronized);
 }
 
 void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
@@ -346,9 +346,9 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   std::lock_guard growing(growth_mutex);
   if (void* p = backing->allocate_slot(a, r)) return p;
   // Memory is short: make every free complete, and try once more.
-  synchronize_and_fence_everything();
+  const bool synchronized = synchronize_and_fence_everything();
   if (void* p = backing->allocate_slot(a, r)) return p;
-  throw_out_of_memory(bytes);
+  throw_out_of_memory(bytes, 0, !synchronized);
 }
 
 void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch) {
@@ -470,7 +470,8 @@ void stream_ordered_pool::absorb_completed_pending(arena& a) {
   }
 }
 
-void stream_ordered_pool::synchronize_and_fence_everything() {
+bool stream_ordered_pool::synchronize_and_fence_everything() {
+  if (watch_knows_a_capture()) return false;
   std::vector<std::tuple<arena*, std::uint64_t, std::uint64_t>> before;
   {
     std::shared_lock lock(arenas_mutex);
@@ -499,6 +500,7 @@ void stream_ordered_pool::synchronize_and_fence_everything() {
       }
     }
   }
+  return true;
 }
 
 pool_totals stream_ordered_pool::collect() {
@@ -523,9 +525,13 @@ pool_totals stream_ordered_pool::collect() {
   return s;
 }
 
-void stream_ordered_pool::throw_out_of_memory(std::size_t requested, std::size_t alignment) {
+void stream_ordered_pool::throw_out_of_memory(std::size_t requested, std::size_t alignment, bool unsynchronized) {
   const memory_info m = device_memory_info(device);
   std::string why = backing->shortage(requested);
+  if (unsynchronized) {
+    why += "; the device was not synchronized to complete other streams' frees, as a CUDA graph capture is in "
+           "progress (the driver forbids it then)";
+  }
   if (alignment > granule) {
     // The alignment is what the pool must find room for: name it.
     why = "with alignment " + std::to_string(alignment) + " the request needs " +

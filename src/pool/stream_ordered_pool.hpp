@@ -251,10 +251,18 @@ class stream_ordered_pool {
   // `fence`: an arena's fence event, read under that arena's lock (null: never
   // recorded, so nothing to wait for).
   void wait_for(arena& waiter, CUevent fence);
-  void synchronize_and_fence_everything();
+  // Synchronizes the device, after which every free made before is complete.
+  // false, synchronizing nothing, while the capture watch knows of a capture in
+  // progress: the driver forbids cuCtxSynchronize then, and it would invalidate
+  // that capture (Note [Calls a capture elsewhere forbids]). Without a running
+  // watch a pool cannot know, and synchronizes.
+  bool synchronize_and_fence_everything();
   // Every arena's blocks are coalesced (quick caches flushed) before they are read.
   pool_totals collect();
-  [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t alignment = 0);
+  // `unsynchronized`: the last resort's device synchronisation was skipped for a
+  // capture in progress (synchronize_and_fence_everything), which the error says.
+  [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t alignment = 0,
+                                        bool unsynchronized = false);
 
   // ---- chunks ----
   // Registers a chunk owned by `a` whose whole range is one free block with

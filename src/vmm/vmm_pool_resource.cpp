@@ -170,8 +170,8 @@ std::size_t vmm_pool_resource::trim(stream_view stream) {
 
 std::size_t vmm_pool_resource::release() {
   std::lock_guard growing(impl_->pool.growth_mutex);
-  impl_->pool.synchronize_and_fence_everything();
-  return impl_->give_back(true);
+  const bool synchronized = impl_->pool.synchronize_and_fence_everything();
+  return impl_->give_back(synchronized);
 }
 
 std::vector<vmm_pool_resource::physical_piece> vmm_pool_resource::physical_pieces(const void* ptr,

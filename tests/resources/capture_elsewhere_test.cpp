@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "driver/capture_watch_state.hpp"
 #include "driver/driver.hpp"
 #include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/stream.hpp"
 #include "gpumem/vmm_pool_resource.hpp"
@@ -198,6 +200,49 @@ TEST(CaptureElsewhere, PoolResourceServesOtherStreamsWithoutInvalidatingIt) {
     pool_resource pool(upstream);
     expect_capture_untouched(pool, k.mode, k.who);
   }
+}
+
+// release() synchronizes the device, which the driver forbids in every mode while
+// a stream is captured. A pool whose capture watch runs knows and gives back only
+// what is complete; without the watch it cannot know, and the capture is lost
+// (docs/pool.md, "A capture elsewhere").
+template <class Pool>
+void expect_release_beside_a_capture(Pool& pool, bool watched) {
+  stream captured(0), b(0);
+  for (stream* s : {&captured, &b}) pool.deallocate(pool.allocate(3 * MiB, *s), 3 * MiB, *s);
+  begin_capture(captured);
+  pool.deallocate(pool.allocate(5 * MiB, b), 5 * MiB, b);
+  if (watched) {
+    (void)pool.release();
+    end_capture(captured);  // throws if the capture was invalidated
+  } else {
+    EXPECT_THROW((void)pool.release(), cuda_error) << "the driver forbids the synchronisation";
+    CUgraph g = nullptr;
+    EXPECT_EQ(detail::driver().cuStreamEndCapture(captured.handle(), &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  }
+  b.synchronize();
+  (void)pool.release();  // after the capture: everything
+  EXPECT_EQ(pool.statistics().allocations, 0U);
+}
+
+TEST(CaptureElsewhere, AWatchingPoolsReleaseLeavesACaptureValid) {
+  {
+    vmm_pool_options o;
+    o.watch_captures = true;
+    vmm_pool_resource pool(0, o);
+    if (detail::capture_watch_word_now() != 0) GTEST_SKIP() << "the capture watch did not start here (CUPTI)";
+    expect_release_beside_a_capture(pool, true);
+  }
+  pool_options o;
+  o.watch_captures = true;
+  cuda_resource upstream(0);
+  pool_resource pool(upstream, o);
+  expect_release_beside_a_capture(pool, true);
+}
+
+TEST(CaptureElsewhere, WithoutTheWatchReleaseInvalidatesACaptureAsTheDriverSays) {
+  vmm_pool_resource pool(0);
+  expect_release_beside_a_capture(pool, false);
 }
 
 TEST(CaptureElsewhere, TheThreadsInteractionModeIsRestoredAfterThePoolsCalls) {
