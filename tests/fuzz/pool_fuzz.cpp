@@ -1,16 +1,21 @@
 // libFuzzer targets: pool programs on the simulator; any broken invariant
 // aborts. Built twice by scripts/fuzz with clang: gpumem_pool_fuzz runs
 // pool_resource's programs (pool_program.hpp), gpumem_vmm_pool_fuzz the default
-// pool's, vmm_pool_resource (vmm_pool_program.hpp; GPUMEM_FUZZ_VMM_POOL).
+// pool's, vmm_pool_resource (vmm_pool_program.hpp; GPUMEM_FUZZ_VMM_POOL), and
+// gpumem_capture_fuzz either pool beside CUDA graph captures (capture_program.hpp;
+// GPUMEM_FUZZ_CAPTURE).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "gpumem/backend.hpp"
 
-#ifdef GPUMEM_FUZZ_VMM_POOL
+#if defined(GPUMEM_FUZZ_VMM_POOL)
 #include "fuzz/vmm_pool_program.hpp"
 #define GPUMEM_FUZZ_PROGRAM run_vmm_pool_program
+#elif defined(GPUMEM_FUZZ_CAPTURE)
+#include "fuzz/capture_program.hpp"
+#define GPUMEM_FUZZ_PROGRAM run_capture_program
 #else
 #include "fuzz/pool_program.hpp"
 #define GPUMEM_FUZZ_PROGRAM run_pool_program

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/capture_program.hpp"
 #include "fuzz/pool_program.hpp"
 #include "fuzz/vmm_pool_program.hpp"
 #include "fuzz/vmm_pool_threads_program.hpp"
@@ -47,6 +48,11 @@ TEST(PoolPrograms, RandomVmmPoolProgramsKeepEveryInvariant) {
 TEST(PoolPrograms, RandomVmmPoolProgramsOnThreadsKeepEveryInvariant) {
   if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
   run_programs(run_vmm_pool_threads_program, 20261130, 20, 2400);
+}
+
+TEST(PoolPrograms, RandomProgramsBesideCapturesKeepEveryInvariant) {
+  if (!vmm::supported(0)) GTEST_SKIP() << "no virtual memory management on device 0";
+  run_programs(run_capture_program, 20261202, 100, 1000);
 }
 
 }  // namespace

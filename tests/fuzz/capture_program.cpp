@@ -1,0 +1,201 @@
+// run_capture_program (capture_program.hpp).
+#include "fuzz/capture_program.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "driver/driver.hpp"
+#include "fuzz/program_input.hpp"
+#include "fuzz/vmm_program_checks.hpp"
+#include "gpumem/cuda_resource.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/pool_resource.hpp"
+#include "gpumem/stream.hpp"
+#include "gpumem/vmm_pool_resource.hpp"
+#include "pool/pool_inspector.hpp"
+
+namespace gpumem::test {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+struct graph_allocation {
+  void* ptr;
+  std::size_t bytes;
+  int capture;  // the capture it was made under
+};
+
+struct pool_allocation {
+  void* ptr;
+  std::size_t bytes;
+};
+
+template <class Pool>
+std::string run_on(Pool& pool, program_reader& in) {
+  auto& streams = program_streams();
+  std::map<std::uintptr_t, pool_allocation> live;   // the pool's
+  std::map<std::uintptr_t, graph_allocation> graph;  // the graphs'
+  int capturing = -1;  // the stream under capture
+  int capture = 0;     // numbers the captures
+  auto overlaps = [&](std::uintptr_t a, std::size_t bytes) {
+    for (const auto* m : {&live}) {
+      auto next = m->lower_bound(a);
+      if (next != m->end() && a + bytes > next->first) return true;
+      if (next != m->begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) return true;
+    }
+    auto next = graph.lower_bound(a);
+    if (next != graph.end() && a + bytes > next->first) return true;
+    return next != graph.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a;
+  };
+  auto end_capture = [&]() -> std::string {
+    CUstream s = streams[static_cast<std::size_t>(capturing)].handle();
+    CUgraph g = nullptr;
+    const CUresult r = detail::driver().cuStreamEndCapture(s, &g);
+    capturing = -1;
+    if (r != CUDA_SUCCESS) return "the capture ended with " + std::to_string(r) + ": the pool invalidated it";
+    if (in.byte() % 2 == 0) {  // launched once, as PyTorch instantiates; else dropped unlaunched
+      detail::device_context_guard guard(0);
+      CUgraphExec exec = nullptr;
+      GPUMEM_CU(cuGraphInstantiateWithFlags, &exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+      GPUMEM_CU(cuGraphLaunch, exec, s);
+      GPUMEM_CU(cuStreamSynchronize, s);
+      GPUMEM_CU(cuGraphExecDestroy, exec);
+    }
+    GPUMEM_CU(cuGraphDestroy, g);
+    return {};
+  };
+  for (int step = 0; !in.empty() && step < 200; ++step) {
+    const std::uint8_t op = in.byte() % 8;
+    const int k = in.byte() % 3;
+    stream& s = streams[static_cast<std::size_t>(k)];
+    if (op <= 2) {  // allocate: a block, a slot or a large one
+      const std::size_t bytes = 1 + (static_cast<std::size_t>(in.u16()) << (in.byte() % 9));
+      const std::size_t count_before = pool.statistics().allocations;
+      void* p = nullptr;
+      try {
+        p = pool.allocate(bytes, s);
+      } catch (const out_of_memory&) {
+        continue;  // the simulated device is small; frugality is the other programs' to check
+      }
+      const auto a = reinterpret_cast<std::uintptr_t>(p);
+      if (overlaps(a, bytes)) return "an allocation overlaps a live one";
+      if (k == capturing) {
+        if (pool.statistics().allocations != count_before) return "an allocation under capture came from the pool";
+        graph.emplace(a, graph_allocation{p, bytes, capture});
+      } else {
+        if (pool.statistics().allocations != count_before + 1) return "the pool did not count its allocation";
+        live.emplace(a, pool_allocation{p, bytes});
+      }
+    } else if (op <= 4) {  // free: the pool's, or a graph's
+      const bool of_graph = in.byte() % 3 == 0 && !graph.empty();
+      if (of_graph) {
+        auto it = graph.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(in.u16() % graph.size()));
+        const graph_allocation g = it->second;
+        // Under its own capture: on the capturing stream (a free node). After it: any stream.
+        const bool current = capturing >= 0 && g.capture == capture;
+        stream& on = current ? streams[static_cast<std::size_t>(capturing)] : s;
+        if (!current && k == capturing) continue;  // a graph's memory is not freed into another graph
+        pool.deallocate(g.ptr, g.bytes, on);
+        graph.erase(it);
+      } else if (!live.empty()) {
+        auto it = live.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(in.u16() % live.size()));
+        const pool_allocation al = it->second;
+        if (k == capturing) {
+          try {
+            pool.deallocate(al.ptr, al.bytes, s);
+            return "a block handed out before the capture was taken back under it";
+          } catch (const logic_error&) {
+          }
+          continue;
+        }
+        pool.deallocate(al.ptr, al.bytes, s);
+        live.erase(it);
+      }
+    } else if (op == 5) {  // trims: every stream's (beside a capture too), or one stream's
+      if (in.byte() % 2 == 0) {
+        pool.trim();
+      } else if (k == capturing) {
+        try {
+          pool.trim(s);
+          return "trim(stream) of a capturing stream was accepted";
+        } catch (const logic_error&) {
+        }
+      } else {
+        pool.trim(s);
+      }
+    } else if (op == 6) {  // a capture begins or ends
+      if (capturing < 0) {
+        const CUstreamCaptureMode modes[] = {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                             CU_STREAM_CAPTURE_MODE_RELAXED};
+        GPUMEM_CU(cuStreamBeginCapture, s.handle(), modes[in.byte() % 3]);
+        capturing = k;
+        ++capture;
+      } else if (std::string v = end_capture(); !v.empty()) {
+        return v;
+      }
+    } else {  // checks
+      if (pool.statistics().allocations != live.size()) return "statistics count the wrong number of allocations";
+      if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return v;
+    }
+  }
+  if (capturing >= 0) {
+    // What is left of the capture's own memory goes under it, as a program would.
+    for (auto it = graph.begin(); it != graph.end();) {
+      if (it->second.capture == capture) {
+        pool.deallocate(it->second.ptr, it->second.bytes, streams[static_cast<std::size_t>(capturing)]);
+        it = graph.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (std::string v = end_capture(); !v.empty()) return v;
+  }
+  for (auto& [a, g] : graph) pool.deallocate(g.ptr, g.bytes, streams[0]);
+  for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, streams[0]);
+  for (stream& s : streams) s.synchronize();
+  if (pool.statistics().allocations != 0) return "allocations left after every free";
+  if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return v;
+  (void)pool.release();
+  return {};
+}
+
+}  // namespace
+
+std::string run_capture_program(const std::uint8_t* data, std::size_t size) {
+  program_reader in(data, size);
+  const bool vmm = in.byte() % 2 == 0;
+  const bool watch = in.byte() % 4 == 0;
+  const std::size_t device_free_before = device_free_bytes();
+  std::string failure;
+  if (vmm) {
+    vmm_pool_options o;
+    o.watch_captures = watch;
+    vmm_pool_resource pool(0, o);
+    failure = run_on(pool, in);
+  } else {
+    pool_options o;
+    o.watch_captures = watch;
+    auto upstream = std::make_shared<cuda_resource>(0);
+    pool_resource pool(upstream, o);
+    failure = run_on(pool, in);
+  }
+  if (!failure.empty()) {
+    // Leave no capture behind for the next program.
+    for (stream& s : program_streams()) {
+      CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+      if (detail::driver().cuStreamIsCapturing(s.handle(), &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE) {
+        CUgraph g = nullptr;
+        (void)detail::driver().cuStreamEndCapture(s.handle(), &g);
+        if (g != nullptr) (void)detail::driver().cuGraphDestroy(g);
+      }
+    }
+    return failure;
+  }
+  return device_memory_kept(device_free_before);
+}
+
+}  // namespace gpumem::test
