@@ -19,8 +19,6 @@
 namespace gpumem::test {
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
 struct graph_allocation {
   void* ptr;
   std::size_t bytes;
