@@ -38,6 +38,29 @@ class live_allocations {
     count_.fetch_add(1, std::memory_order_relaxed);
   }
 
+  // Records `user`, dropping a record already there (whose allocation the caller
+  // knows is gone: graph_allocations.cpp, Note [Freeing a graph's allocation]).
+  void replace(void* user, entry e) {
+    shard& s = shard_of(user);
+    std::size_t dropped_bytes = 0;
+    bool dropped = false;
+    {
+      std::lock_guard lock(s.mutex);
+      auto [it, inserted] = s.map.try_emplace(reinterpret_cast<std::uintptr_t>(user), e);
+      if (!inserted) {
+        dropped = true;
+        dropped_bytes = it->second.bytes;
+        it->second = e;
+      }
+    }
+    bytes_.fetch_add(e.bytes, std::memory_order_relaxed);
+    if (dropped) {
+      bytes_.fetch_sub(dropped_bytes, std::memory_order_relaxed);
+    } else {
+      count_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
   // Takes the entry of `user` out; logic_error (prefixed with `where`) for a
   // pointer that is not live here or whose size is not `bytes`.
   entry take(void* user, std::size_t bytes, const char* where) {

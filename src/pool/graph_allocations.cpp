@@ -35,7 +35,7 @@ void* graph_allocations::allocate(std::size_t bytes, std::size_t alignment, CUst
   check(r, "cuMemAllocAsync", __FILE__, __LINE__);
   void* user = reinterpret_cast<void*>(p);
   try {
-    live_.insert(user, {user, bytes});
+    live_.replace(user, {user, bytes});  // a record already there is stale (Note [Freeing a graph's allocation])
   } catch (...) {
     (void)driver().cuMemFreeAsync(p, stream);
     throw;
@@ -53,6 +53,14 @@ void* graph_allocations::allocate(std::size_t bytes, std::size_t alignment, CUst
 // free is done: the record goes, as its graph, if ever launched, frees what a
 // launch left (auto-free-on-launch) or keeps its own memory. Measured on an H200
 // (driver 580): tests/python/test_torch_graphs.py.
+//
+// A graph destroyed before it ever ran gives its allocations' addresses back to
+// the driver, which hands them to later captures (seen on an H200: the random
+// capture programs, tests/fuzz/capture_program.cpp). A record of this pool at an
+// address the driver hands out again is therefore stale, and the new allocation
+// replaces it: nothing of the old one exists. A program that still frees the old
+// pointer frees the new allocation, as its own cuMemFreeAsync of that address
+// would: such a pointer is dangling, like any pointer into memory already given back.
 bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream, bool under_capture) {
   if (live_.count() == 0 || !live_.contains(ptr)) return false;
   const std::string where = std::string("gpumem::") + resource_ + "::deallocate";

@@ -191,10 +191,29 @@ void device_address_space::complete_pending_free(CUdeviceptr base) {
   }
 }
 
-void device_address_space::mark_graph_launched(CUdeviceptr base) {
+void device_address_space::set_graph_node(CUdeviceptr base, std::uint64_t node) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(base);
-  if (it != live_.end() && it->second.kind == allocation_kind::graph) it->second.graph_launched = true;
+  if (it != live_.end() && it->second.kind == allocation_kind::graph) it->second.graph_node = node;
+}
+
+void device_address_space::mark_graph_launched(CUdeviceptr base, std::uint64_t node) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(base);
+  if (it != live_.end() && it->second.kind == allocation_kind::graph && it->second.graph_node == node) {
+    it->second.graph_launched = true;
+  }
+}
+
+void device_address_space::release_unlaunched_graph_allocation(CUdeviceptr base, std::uint64_t node) {
+  bool release = false;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(base);
+    release = it != live_.end() && it->second.kind == allocation_kind::graph && it->second.graph_node == node &&
+              !it->second.graph_launched && !it->second.free_pending;
+  }
+  if (release) (void)free(base);
 }
 
 void device_address_space::cancel_pending_free(CUdeviceptr base) {

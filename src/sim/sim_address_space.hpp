@@ -56,6 +56,7 @@ struct allocation {
   allocation_kind kind = allocation_kind::synchronous;
   bool free_pending = false;  // cuMemFreeAsync of cuMemAlloc memory: queued, not yet reached
   bool graph_launched = false;  // a graph allocation: a launch of its graph made it
+  std::uint64_t graph_node = 0;  // a graph allocation: its allocation node (sim_graph.cpp)
   sim_pool* pool = nullptr;   // the pool of a stream-ordered block
   unsigned attach = 0;        // CU_MEM_ATTACH_* of managed memory
 
@@ -102,8 +103,13 @@ class device_address_space {
   // For cuMemFreeAsync of such memory: checks like free() and marks the free as
   // queued, so the allocation can neither be freed twice nor used by work queued after it.
   CUresult mark_free_pending(CUdeviceptr base);
-  // A launch of the graph that allocated `base` (a graph allocation) made it.
-  void mark_graph_launched(CUdeviceptr base);
+  // The graph allocation at `base` belongs to allocation node `node`.
+  void set_graph_node(CUdeviceptr base, std::uint64_t node);
+  // A launch of the graph whose node `node` allocated `base` made it.
+  void mark_graph_launched(CUdeviceptr base, std::uint64_t node);
+  // Node `node`'s allocation at `base`, if no launch made it, goes back (its graph
+  // and every executable of it are gone: its address may be handed out again).
+  void release_unlaunched_graph_allocation(CUdeviceptr base, std::uint64_t node);
   // Completes a free marked pending (when the stream reaches it), or takes the
   // mark back (when queuing the free failed).
   void complete_pending_free(CUdeviceptr base);

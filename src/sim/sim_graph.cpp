@@ -1,6 +1,9 @@
 // CUDA graphs in the simulator (sim_graph.hpp) and their entry points.
 #include "sim/sim_graph.hpp"
 
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "sim/sim_entry_points.hpp"
@@ -9,23 +12,48 @@
 namespace gpumem::detail::simulator {
 
 namespace {
+
+// A graph's allocation nodes, shared by the graph and its executables. When the
+// last of them goes, the allocations no launch made go back, and their addresses
+// may be handed out again (as the driver does: tests/fuzz/capture_program.cpp).
+struct graph_nodes {
+  std::vector<sim_stream::graph_node> allocations;
+};
 struct sim_graph {
-  std::vector<CUdeviceptr> allocations;  // its allocation nodes
+  std::shared_ptr<graph_nodes> nodes;
 };
 struct sim_graph_exec {
-  std::vector<CUdeviceptr> allocations;  // its graph's allocation nodes
+  std::shared_ptr<graph_nodes> nodes;
 };
+
+std::atomic<std::uint64_t> next_graph_node{1};
+
+void drop_nodes(sim_state& state, std::shared_ptr<graph_nodes>& nodes) {
+  if (nodes.use_count() == 1) {
+    for (const sim_stream::graph_node& n : nodes->allocations) {
+      if (sim_device* d = state.device(n.device)) d->memory.release_unlaunched_graph_allocation(n.pointer, n.id);
+    }
+  }
+  nodes.reset();
+}
+
 }  // namespace
 
-CUgraph make_graph(std::vector<CUdeviceptr> allocations) {
-  return reinterpret_cast<CUgraph>(new sim_graph{std::move(allocations)});
+CUgraph make_graph(std::vector<sim_stream::graph_node> allocations) {
+  auto nodes = std::make_shared<graph_nodes>();
+  nodes->allocations = std::move(allocations);
+  return reinterpret_cast<CUgraph>(new sim_graph{std::move(nodes)});
 }
 
 CUresult allocate_graph_memory(sim_state& state, const std::shared_ptr<sim_stream>& stream, std::size_t bytes,
                                CUdeviceptr* pointer) {
-  const CUresult r =
-      allocate_device_memory(state, *state.device(stream->device()), bytes, allocation_kind::graph, pointer);
-  if (r == CUDA_SUCCESS) stream->add_captured_allocation(*pointer);
+  sim_device& device = *state.device(stream->device());
+  const CUresult r = allocate_device_memory(state, device, bytes, allocation_kind::graph, pointer);
+  if (r == CUDA_SUCCESS) {
+    const std::uint64_t id = next_graph_node.fetch_add(1, std::memory_order_relaxed);
+    device.memory.set_graph_node(*pointer, id);
+    stream->add_captured_allocation({*pointer, stream->device(), id});
+  }
   return r;
 }
 
@@ -46,15 +74,19 @@ CUresult free_graph_memory(sim_state& state, const allocation& a, const std::sha
 }
 
 CUresult graph_destroy(CUgraph graph) {
-  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  delete reinterpret_cast<sim_graph*>(graph);
-  return CUDA_SUCCESS;
+  return entry_point([&](sim_state& state) {
+    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto* g = reinterpret_cast<sim_graph*>(graph);
+    drop_nodes(state, g->nodes);
+    delete g;
+    return CUDA_SUCCESS;
+  });
 }
 
 // The flags (auto-free-on-launch among them) change nothing where no graph runs.
 CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long /*flags*/) {
   if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{reinterpret_cast<sim_graph*>(graph)->allocations});
+  *exec = reinterpret_cast<CUgraphExec>(new sim_graph_exec{reinterpret_cast<sim_graph*>(graph)->nodes});
   return CUDA_SUCCESS;
 }
 
@@ -66,17 +98,21 @@ CUresult graph_launch(CUgraphExec exec, CUstream handle) {
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
     if (CUresult r = enqueue(stream, [] {}); r != CUDA_SUCCESS) return r;
-    for (CUdeviceptr p : reinterpret_cast<sim_graph_exec*>(exec)->allocations) {
-      if (auto a = find_allocation(state, p)) state.device(a->device)->memory.mark_graph_launched(p);
+    for (const sim_stream::graph_node& n : reinterpret_cast<sim_graph_exec*>(exec)->nodes->allocations) {
+      if (sim_device* d = state.device(n.device)) d->memory.mark_graph_launched(n.pointer, n.id);
     }
     return CUDA_SUCCESS;
   });
 }
 
 CUresult graph_exec_destroy(CUgraphExec exec) {
-  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  delete reinterpret_cast<sim_graph_exec*>(exec);
-  return CUDA_SUCCESS;
+  return entry_point([&](sim_state& state) {
+    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto* e = reinterpret_cast<sim_graph_exec*>(exec);
+    drop_nodes(state, e->nodes);
+    delete e;
+    return CUDA_SUCCESS;
+  });
 }
 
 }  // namespace gpumem::detail::simulator

@@ -14,7 +14,7 @@
 namespace gpumem::detail::simulator {
 
 // The graph a capture ended with: its allocation nodes.
-CUgraph make_graph(std::vector<CUdeviceptr> allocations);
+CUgraph make_graph(std::vector<sim_stream::graph_node> allocations);
 
 // cuMemAllocAsync on a capturing stream: an allocation node. Its memory is taken
 // from the device at once (the simulator launches nothing, so nothing runs before it).

@@ -365,7 +365,7 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
     const bool invalidated = stream->capture_invalidated();
-    std::vector<CUdeviceptr> allocations = stream->take_captured_allocations();
+    std::vector<sim_stream::graph_node> allocations = stream->take_captured_allocations();
     stream->set_capturing(false);
     capture_ended(stream.get());
     capture_watch_capture_ended();

@@ -112,11 +112,16 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   void invalidate_capture() { capture_invalidated_.store(true, std::memory_order_release); }
   // The allocation nodes of the capture in progress (cuMemAllocAsync under capture);
   // its end hands them to the graph.
-  void add_captured_allocation(CUdeviceptr p) {
+  struct graph_node {
+    CUdeviceptr pointer;
+    int device;
+    std::uint64_t id;
+  };
+  void add_captured_allocation(graph_node p) {
     std::lock_guard lock(mutex_);
     captured_allocations_.push_back(p);
   }
-  std::vector<CUdeviceptr> take_captured_allocations() {
+  std::vector<graph_node> take_captured_allocations() {
     std::lock_guard lock(mutex_);
     return std::exchange(captured_allocations_, {});
   }
@@ -142,7 +147,7 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   bool closed_ = false;
   std::atomic<bool> capturing_{false};
   std::atomic<bool> capture_invalidated_{false};
-  std::vector<CUdeviceptr> captured_allocations_;
+  std::vector<graph_node> captured_allocations_;
   std::shared_ptr<const stream_clock> clock_;  // copied on write: positions share snapshots
 };
 

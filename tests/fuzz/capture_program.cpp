@@ -35,8 +35,23 @@ std::string run_on(Pool& pool, program_reader& in) {
   auto& streams = program_streams();
   std::map<std::uintptr_t, pool_allocation> live;   // the pool's
   std::map<std::uintptr_t, graph_allocation> graph;  // the graphs'
+  // Allocations of graphs dropped before they ran: gone with their graph (the driver
+  // hands their addresses out again), so never freed here (Note [Freeing a graph's
+  // allocation]); a new allocation at one's address replaces the pool's record.
+  std::map<std::uintptr_t, graph_allocation> dangling;
   int capturing = -1;  // the stream under capture
   int capture = 0;     // numbers the captures
+  // A program that fails mid-capture ends it while the pool lives: the next
+  // program starts with no capture, and the pool is not destroyed beside one.
+  struct end_left_capture {
+    int& capturing;
+    ~end_left_capture() {
+      if (capturing < 0) return;
+      CUgraph g = nullptr;
+      (void)detail::driver().cuStreamEndCapture(program_streams()[static_cast<std::size_t>(capturing)].handle(), &g);
+      if (g != nullptr) (void)detail::driver().cuGraphDestroy(g);
+    }
+  } left{capturing};
   auto overlaps = [&](std::uintptr_t a, std::size_t bytes) {
     for (const auto* m : {&live}) {
       auto next = m->lower_bound(a);
@@ -53,7 +68,8 @@ std::string run_on(Pool& pool, program_reader& in) {
     const CUresult r = detail::driver().cuStreamEndCapture(s, &g);
     capturing = -1;
     if (r != CUDA_SUCCESS) return "the capture ended with " + std::to_string(r) + ": the pool invalidated it";
-    if (in.byte() % 2 == 0) {  // launched once, as PyTorch instantiates; else dropped unlaunched
+    const bool launch = in.byte() % 2 == 0;
+    if (launch) {  // launched once, as PyTorch instantiates; else dropped unlaunched
       detail::device_context_guard guard(0);
       CUgraphExec exec = nullptr;
       GPUMEM_CU(cuGraphInstantiateWithFlags, &exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
@@ -62,6 +78,16 @@ std::string run_on(Pool& pool, program_reader& in) {
       GPUMEM_CU(cuGraphExecDestroy, exec);
     }
     GPUMEM_CU(cuGraphDestroy, g);
+    if (!launch) {
+      for (auto it = graph.begin(); it != graph.end();) {
+        if (it->second.capture == capture) {
+          dangling.insert(*it);
+          it = graph.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
     return {};
   };
   for (int step = 0; !in.empty() && step < 200; ++step) {
@@ -82,6 +108,7 @@ std::string run_on(Pool& pool, program_reader& in) {
       if (k == capturing) {
         if (pool.statistics().allocations != count_before) return "an allocation under capture came from the pool";
         graph.emplace(a, graph_allocation{p, bytes, capture});
+        dangling.erase(a);
       } else {
         if (pool.statistics().allocations != count_before + 1) return "the pool did not count its allocation";
         live.emplace(a, pool_allocation{p, bytes});
@@ -181,18 +208,7 @@ std::string run_capture_program(const std::uint8_t* data, std::size_t size) {
     pool_resource pool(upstream, o);
     failure = run_on(pool, in);
   }
-  if (!failure.empty()) {
-    // Leave no capture behind for the next program.
-    for (stream& s : program_streams()) {
-      CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-      if (detail::driver().cuStreamIsCapturing(s.handle(), &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE) {
-        CUgraph g = nullptr;
-        (void)detail::driver().cuStreamEndCapture(s.handle(), &g);
-        if (g != nullptr) (void)detail::driver().cuGraphDestroy(g);
-      }
-    }
-    return failure;
-  }
+  if (!failure.empty()) return failure;
   return device_memory_kept(device_free_before);
 }
 
