@@ -9,8 +9,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "driver/driver.hpp"
 #include "driver/capture_interaction.hpp"
+#include "driver/driver.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "stream_device.hpp"
