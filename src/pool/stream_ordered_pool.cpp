@@ -141,8 +141,20 @@ void* stream_ordered_pool::allocate_under_capture(std::size_t bytes, stream_view
 }
 
 void stream_ordered_pool::deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream) {
-  if (graph_memory.deallocate(ptr, bytes, stream.handle(), true)) return;  // a free node of the graph
+  // The pool's own memory first: a graph's record at an address inside one of its
+  // chunks is stale (a graph that never ran gave the address back, and a chunk took
+  // it: Note [Freeing a graph's allocation]), and the block there is refused.
+  const bool the_pools = chunk_owner(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  if (!the_pools && graph_memory.deallocate(ptr, bytes, stream.handle(), true)) return;  // a free node of the graph
   throw_capturing(name, "deallocate", stream.handle());
+}
+
+arena* stream_ordered_pool::chunk_owner(std::uintptr_t address) const {
+  std::shared_lock dir(chunks_mutex);
+  auto it = chunks.upper_bound(address);
+  if (it == chunks.begin()) return nullptr;
+  --it;
+  return address < it->first + it->second->size ? it->second->owner : nullptr;
 }
 
 std::vector<arena*> stream_ordered_pool::arenas_except(const arena* skip) const {
@@ -318,14 +330,14 @@ void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   }
   // 5. Make every free complete (one device synchronisation, off the hot path),
   //    give free memory back, and try everything again.
-  const bool synchronized = synchronize_and_fence_everything();
+  const last_sync sync = synchronize_as_last_resort();
   if (void* p = try_own(a, r, true)) return p;
   if (void* p = backing->take_from_others(a, r, true)) return p;
-  if (synchronized) backing->before_last_growth();  // it counts on the synchronisation
+  if (sync == last_sync::done) backing->before_last_growth();  // it counts on the synchronisation
   if (backing->grow(a, r.need, true)) {
     if (void* p = try_own(a, r, true)) return p;
   }
-  throw_out_of_memory(r.requested, r.alignment, !synchronized);
+  throw_out_of_memory(r.requested, r.alignment, sync);
 }
 
 void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
@@ -346,9 +358,9 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   std::lock_guard growing(growth_mutex);
   if (void* p = backing->allocate_slot(a, r)) return p;
   // Memory is short: make every free complete, and try once more.
-  const bool synchronized = synchronize_and_fence_everything();
+  const last_sync sync = synchronize_as_last_resort();
   if (void* p = backing->allocate_slot(a, r)) return p;
-  throw_out_of_memory(bytes, 0, !synchronized);
+  throw_out_of_memory(bytes, 0, sync);
 }
 
 void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch) {
@@ -366,15 +378,7 @@ void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch)
 
 void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  arena* owner = nullptr;
-  {
-    std::shared_lock dir(chunks_mutex);
-    auto it = chunks.upper_bound(address);
-    if (it != chunks.begin()) {
-      --it;
-      if (address < it->first + it->second->size) owner = it->second->owner;
-    }
-  }
+  arena* const owner = chunk_owner(address);
   auto not_ours = [&] {
     return logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
                        " was not allocated by this pool, or was already freed");
@@ -503,6 +507,15 @@ bool stream_ordered_pool::synchronize_and_fence_everything() {
   return true;
 }
 
+stream_ordered_pool::last_sync stream_ordered_pool::synchronize_as_last_resort() {
+  try {
+    return synchronize_and_fence_everything() ? last_sync::done : last_sync::skipped;
+  } catch (const cuda_error& e) {
+    if (e.result() != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) throw;
+    return last_sync::refused;
+  }
+}
+
 pool_totals stream_ordered_pool::collect() {
   pool_totals s;
   std::shared_lock lock(arenas_mutex);
@@ -525,12 +538,16 @@ pool_totals stream_ordered_pool::collect() {
   return s;
 }
 
-void stream_ordered_pool::throw_out_of_memory(std::size_t requested, std::size_t alignment, bool unsynchronized) {
+void stream_ordered_pool::throw_out_of_memory(std::size_t requested, std::size_t alignment, last_sync sync) {
   const memory_info m = device_memory_info(device);
   std::string why = backing->shortage(requested);
-  if (unsynchronized) {
+  if (sync == last_sync::skipped) {
     why += "; the device was not synchronized to complete other streams' frees, as a CUDA graph capture is in "
            "progress (the driver forbids it then)";
+  } else if (sync == last_sync::refused) {
+    why += "; the driver refused the device synchronisation that completes other streams' frees, as a CUDA graph "
+           "capture is in progress, and that capture is now invalidated (with pool_options::watch_captures the "
+           "pool knows of captures and does not ask: docs/pool.md, \"A capture elsewhere\")";
   }
   if (alignment > granule) {
     // The alignment is what the pool must find room for: name it.

@@ -243,6 +243,8 @@ class stream_ordered_pool {
   // free in its arena; a slot goes back to the slot cache. a's lock is held.
   void release_block(arena& a, block* b, std::uint64_t epoch);
   void deallocate_foreign(arena& caller, void* ptr, std::size_t bytes);
+  // The arena whose chunk holds `address`, or null (takes chunks_mutex).
+  arena* chunk_owner(std::uintptr_t address) const;
   bool absorb_pending(arena& a);
   // The blocks other streams freed back to `a` whose frees the host has seen
   // complete (their fence queried): free in `a` at once, needing no wait from
@@ -257,12 +259,18 @@ class stream_ordered_pool {
   // that capture (Note [Calls a capture elsewhere forbids]). Without a running
   // watch a pool cannot know, and synchronizes.
   bool synchronize_and_fence_everything();
+  // The last resort of an allocation short of memory: synchronize_and_fence_everything,
+  // and how it went. A synchronisation the driver refused for a capture the pool
+  // could not know of (no watch) is no error of the request's: it fails for want
+  // of memory, and its out_of_memory says what happened to the capture.
+  enum class last_sync { done, skipped, refused };
+  last_sync synchronize_as_last_resort();
   // Every arena's blocks are coalesced (quick caches flushed) before they are read.
   pool_totals collect();
-  // `unsynchronized`: the last resort's device synchronisation was skipped for a
-  // capture in progress (synchronize_and_fence_everything), which the error says.
+  // `sync`: how the last resort's device synchronisation went, which the error
+  // says when it did not run (synchronize_as_last_resort).
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t alignment = 0,
-                                        bool unsynchronized = false);
+                                        last_sync sync = last_sync::done);
 
   // ---- chunks ----
   // Registers a chunk owned by `a` whose whole range is one free block with

@@ -41,6 +41,10 @@ std::string run_on(Pool& pool, program_reader& in) {
   std::map<std::uintptr_t, graph_allocation> dangling;
   int capturing = -1;  // the stream under capture
   int capture = 0;     // numbers the captures
+  // An allocation short of memory whose last resort, a device synchronisation, the
+  // driver refused for the capture (a pool without the watch cannot know of it):
+  // the capture is invalidated, and the out_of_memory says so (docs/pool.md).
+  bool capture_lost = false;
   // A program that fails mid-capture ends it while the pool lives: the next
   // program starts with no capture, and the pool is not destroyed beside one.
   struct end_left_capture {
@@ -67,6 +71,11 @@ std::string run_on(Pool& pool, program_reader& in) {
     CUgraph g = nullptr;
     const CUresult r = detail::driver().cuStreamEndCapture(s, &g);
     capturing = -1;
+    if (capture_lost) {
+      capture_lost = false;
+      if (r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) return "a capture the pool's error said was lost ended otherwise";
+      return {};  // its allocations are freed later, as a graph's that never ran
+    }
     if (r != CUDA_SUCCESS) return "the capture ended with " + std::to_string(r) + ": the pool invalidated it";
     const bool launch = in.byte() % 2 == 0;
     if (launch) {  // launched once, as PyTorch instantiates; else dropped unlaunched
@@ -100,7 +109,11 @@ std::string run_on(Pool& pool, program_reader& in) {
       void* p = nullptr;
       try {
         p = pool.allocate(bytes, s);
-      } catch (const out_of_memory&) {
+      } catch (const out_of_memory& e) {
+        if (std::string(e.what()).find("capture is now invalidated") != std::string::npos) {
+          if (capturing < 0) return "an out_of_memory says a capture was invalidated where none was in progress";
+          capture_lost = true;
+        }
         continue;  // the simulated device is small; frugality is the other programs' to check
       }
       const auto a = reinterpret_cast<std::uintptr_t>(p);
