@@ -512,6 +512,14 @@ stream_ordered_pool::last_sync stream_ordered_pool::synchronize_as_last_resort()
     return synchronize_and_fence_everything() ? last_sync::done : last_sync::skipped;
   } catch (const cuda_error& e) {
     if (e.result() != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) throw;
+    // Said now, whether or not the request is served without it: the program's
+    // capture is lost, and its end will only say that it was invalidated.
+    diagnosef(diagnostic_level::warning,
+              "gpumem: %s on device %d: memory was short, and the driver refused the device synchronisation "
+              "that completes other streams' frees: a CUDA graph capture is in progress, and it is now "
+              "invalidated (with watch_captures the pool knows of captures and does not ask: docs/pool.md, "
+              "\"A capture elsewhere\")",
+              name, device);
     return last_sync::refused;
   }
 }

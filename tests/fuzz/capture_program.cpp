@@ -4,12 +4,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "driver/driver.hpp"
 #include "fuzz/program_input.hpp"
 #include "fuzz/vmm_program_checks.hpp"
 #include "gpumem/cuda_resource.hpp"
+#include "gpumem/diagnostics.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/pool_resource.hpp"
 #include "gpumem/stream.hpp"
@@ -45,6 +48,17 @@ std::string run_on(Pool& pool, program_reader& in) {
   // driver refused for the capture (a pool without the watch cannot know of it):
   // the capture is invalidated, and the out_of_memory says so (docs/pool.md).
   bool capture_lost = false;
+  // The pool says so as a diagnostic too, when the request is served all the same.
+  struct lost_watch {
+    bool& lost;
+    diagnostic_sink previous;
+    explicit lost_watch(bool& l) : lost(l) {
+      previous = set_diagnostic_sink([this](diagnostic_level, std::string_view m) {
+        if (m.find("is now invalidated") != std::string_view::npos) lost = true;
+      });
+    }
+    ~lost_watch() { set_diagnostic_sink(std::move(previous)); }
+  } watch_for_lost{capture_lost};
   // A program that fails mid-capture ends it while the pool lives: the next
   // program starts with no capture, and the pool is not destroyed beside one.
   struct end_left_capture {
@@ -207,16 +221,21 @@ std::string run_capture_program(const std::uint8_t* data, std::size_t size) {
   program_reader in(data, size);
   const bool vmm = in.byte() % 2 == 0;
   const bool watch = in.byte() % 4 == 0;
+  // Now and then a budget, so that the last resort of a short allocation (a device
+  // synchronisation) meets the captures on any device, a GPU's too.
+  const std::size_t maximum = in.byte() % 3 == 0 ? std::size_t{64} << 20 << (in.byte() % 3) : 0;
   const std::size_t device_free_before = device_free_bytes();
   std::string failure;
   if (vmm) {
     vmm_pool_options o;
     o.watch_captures = watch;
+    o.maximum_bytes = maximum;
     vmm_pool_resource pool(0, o);
     failure = run_on(pool, in);
   } else {
     pool_options o;
     o.watch_captures = watch;
+    o.maximum_bytes = maximum;
     auto upstream = std::make_shared<cuda_resource>(0);
     pool_resource pool(upstream, o);
     failure = run_on(pool, in);
