@@ -17,7 +17,7 @@ namespace gpumem::detail {
 // and invalidates the capture, whose end then fails: a pool serving another
 // stream would break the program's graph. Measured on an H200 (driver 580), each
 // call made by the capturing thread and by another, in each mode
-// (docs/pool.md, "CUDA graphs"):
+// (docs/pool.md, "A capture elsewhere"):
 //  - forbidden unless relaxed: cuEventQuery, cuEventSynchronize, cuStreamQuery and
 //    cuStreamSynchronize (of a stream not captured), cuMemAlloc, cuMemFree,
 //    cuMemAllocAsync/FreeAsync on a stream not captured, cuMemAllocManaged,
@@ -31,9 +31,10 @@ namespace gpumem::detail {
 // and stream capture]), and their cuMemAlloc/cuMemFree touch no stream: nothing
 // there depends on the captured work. So they run with the thread's mode relaxed
 // for the call, as the driver provides for a library that knows a call is safe
-// (PyTorch's allocator does the same around cudaMalloc). cuCtxSynchronize is not
-// made safe so: a pool synchronizes the device only when none of its streams is
-// capturing (stream_ordered_pool::synchronize_and_fence_everything).
+// (PyTorch's allocator does the same around cudaMalloc). cuCtxSynchronize cannot
+// be made safe so: a pool skips it while its capture watch knows of a capture,
+// and otherwise tries it and, refused, says that the capture is lost
+// (stream_ordered_pool::synchronize_and_fence_everything, synchronize_as_last_resort).
 class relaxed_capture_interaction {
  public:
   relaxed_capture_interaction() { GPUMEM_CU(cuThreadExchangeStreamCaptureMode, &previous_); }

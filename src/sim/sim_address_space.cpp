@@ -206,14 +206,15 @@ void device_address_space::mark_graph_launched(CUdeviceptr base, std::uint64_t n
 }
 
 void device_address_space::release_unlaunched_graph_allocation(CUdeviceptr base, std::uint64_t node) {
-  bool release = false;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = live_.find(base);
-    release = it != live_.end() && it->second.kind == allocation_kind::graph && it->second.graph_node == node &&
-              !it->second.graph_launched && !it->second.free_pending;
+  std::lock_guard lock(mutex_);  // one hold: no other allocation can take `base` between the look and the free
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second.kind != allocation_kind::graph || it->second.graph_node != node ||
+      it->second.graph_launched || it->second.free_pending) {
+    return;
   }
-  if (release) (void)free(base);
+  const std::size_t footprint = it->second.footprint;
+  live_.erase(it);
+  unmap_locked(base, footprint);
 }
 
 void device_address_space::cancel_pending_free(CUdeviceptr base) {
