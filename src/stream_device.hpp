@@ -36,9 +36,11 @@ inline void check_stream_device(stream_view stream, int device, const char* wher
 // (graph_allocations). Its free under the capture becomes a free node; after the
 // capture it is a stream-ordered free of the graph's allocation, as the driver
 // allows (a graph instantiated with auto-free-on-launch, as PyTorch's are, may
-// leave its allocations unfreed between launches). What the pool handed out
-// before the capture cannot be freed under it (its block would be reused while
-// the graph may still run): a logic_error that says so, the pool unchanged.
+// leave its allocations unfreed between launches). A block the pool handed out
+// before the capture and freed under it on its own stream is held until the
+// graph is gone (Note [A pool block freed under a capture], pool/graph_holds.cpp);
+// one of another stream's arena would need a fence on the captured stream: a
+// logic_error that says so, the pool unchanged.
 // Both calls must ask: an allocation under capture must be the graph's, and a
 // free under capture must not give a pool block back. The driver tells no one
 // when a capture begins (only a CUPTI subscriber hears of it:
@@ -83,10 +85,11 @@ inline bool new_stream_is_capturing(CUstream h, int device) {
   char text[96];
   std::snprintf(text, sizeof text, "%p", static_cast<void*>(h));
   throw logic_error(std::string("gpumem::") + resource + "::" + call + ": stream " + text +
-                    " is being captured into a CUDA graph, and the pool's own blocks are not given back or "
-                    "looked at then (the pool would reuse them before the graph runs): free what the pool "
-                    "handed out before the capture after it. Allocations under the capture are the graph's "
-                    "memory and can be freed under it or after it");
+                    " is being captured into a CUDA graph, and the pool records nothing on it then (a fence "
+                    "would become a node of the graph): free a block handed out on another stream on that "
+                    "stream, or after the capture, and trim the stream after it. A block of this stream's "
+                    "freed under the capture is held for the graph; allocations under the capture are the "
+                    "graph's memory and can be freed under it or after it");
 }
 
 }  // namespace gpumem::detail

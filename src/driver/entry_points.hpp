@@ -31,6 +31,12 @@
 //                              default => capture begins / ends with a graph / the graph is freed
 //  cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy   (tests only) a graph => an
 //                              executable graph / launched on a stream / freed
+//  cuStreamGetCaptureInfo      valid stream                       => its capture status, the capture's id
+//                              and the graph being captured (which takes user objects meanwhile)
+//  cuUserObjectCreate/Release, cuGraphRetainUserObject   => an object whose destroy function runs, on a
+//                              driver thread, once its last reference goes; a graph's reference goes when
+//                              the graph and every executable made from it are destroyed and their
+//                              launches done (measured: docs/pool.md, "A pool block freed under a capture")
 //  cuMemAllocAsync/FreeAsync under capture   => an allocation / a free node: the graph's memory;
 //                              such memory is also freed by cuMemFreeAsync outside the capture
 //  cuLaunchHostFunc            valid stream                       => fn runs in stream order on a
@@ -141,6 +147,7 @@
   X(cuStreamWaitEvent, 3020)               \
   X(cuLaunchHostFunc, 10000)                \
   X(cuStreamIsCapturing, 10000)             \
+  X(cuStreamGetCaptureInfo, 12030)          \
   X(cuStreamBeginCapture, 10010)            \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuStreamEndCapture, 10000)              \
@@ -148,6 +155,9 @@
   X(cuGraphInstantiateWithFlags, 11040)     \
   X(cuGraphLaunch, 10000)                   \
   X(cuGraphExecDestroy, 10000)              \
+  X(cuUserObjectCreate, 11030)              \
+  X(cuUserObjectRelease, 11030)             \
+  X(cuGraphRetainUserObject, 11030)         \
   X(cuEventCreate, 2000)                   \
   X(cuEventDestroy, 4000)                  \
   X(cuEventRecord, 2000)                   \

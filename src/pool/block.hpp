@@ -51,6 +51,8 @@ struct block {
   bool vacant = false;
   // Freed on another stream and not yet absorbed by its arena (arena::pending).
   bool pending = false;
+  // Freed under a capture, held for its graph (graph_holds): in no map or index.
+  bool held = false;
   // Slots only: the slot's use word (a page_wait's word): the arena's count of
   // slot hand-outs when it was first handed out over its current pages (unique
   // in the arena, so a record reused for another slot never repeats it), with

@@ -61,6 +61,11 @@ void* graph_allocations::allocate(std::size_t bytes, std::size_t alignment, CUst
 // replaces it: nothing of the old one exists. A program that still frees the old
 // pointer frees the new allocation, as its own cuMemFreeAsync of that address
 // would: such a pointer is dangling, like any pointer into memory already given back.
+//
+// Under a capture the driver has invalidated (a forbidden call elsewhere), the
+// free fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: that capture's graph is
+// destroyed at its end, and its allocations with it (measured on an H200), so
+// the free is done. Its end tells the program of the lost capture.
 bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream, bool under_capture) {
   if (live_.count() == 0 || !live_.contains(ptr)) return false;
   const std::string where = std::string("gpumem::") + resource_ + "::deallocate";
@@ -73,6 +78,7 @@ bool graph_allocations::deallocate(void* ptr, std::size_t bytes, CUstream stream
     r = driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(e.base), stream);
   }
   if (r == CUDA_ERROR_INVALID_VALUE && !under_capture) return true;  // its graph never ran
+  if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && under_capture) return true;  // goes with its lost graph
   if (r != CUDA_SUCCESS) {
     live_.insert(ptr, e);  // still the graph's: the caller may free it again
     check(r, "cuMemFreeAsync", __FILE__, __LINE__);

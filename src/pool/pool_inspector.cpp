@@ -37,6 +37,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
     return why.str();
   }
 
+  std::size_t held = 0;  // blocks held for graphs, in every arena
   for (const auto& [key, a] : p.arenas) {
     std::lock_guard lock(a->lock);
     std::size_t free_bytes = 0, free_count = 0, used = 0, live = 0, cached = 0, reserved = 0;
@@ -98,6 +99,11 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         } else if (pending.count(b) != 0) {
           if (a->live.find(b->address) != nullptr) return "a pending block is in the live map";
           if (!b->pending) return "a pending block is not marked pending";
+        } else if (b->held) {  // freed under a capture, held for its graph: in use, in no map
+          used += b->size;
+          ++held;
+          if (a->live.find(b->address) != nullptr) return "a block held for a graph is in the live map";
+          if (b->pending) return "a block held for a graph is marked pending";
         } else {
           ++live;
           used += b->size;
@@ -139,6 +145,10 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
     if (page == 0 && reserved != a->reserved_bytes) return "an arena's reserved_bytes disagrees with its chunks";
     if (a->fenced_frees > a->frees) return "fenced beyond the free count";
     if (a->settled_frees > a->fenced_frees) return "settled beyond the fences";
+  }
+  if (held != p.held_for_graphs.count()) {
+    why << held << " blocks are held for graphs, the pool counts " << p.held_for_graphs.count();
+    return why.str();
   }
   return {};
 }

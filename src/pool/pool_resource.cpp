@@ -124,12 +124,14 @@ bool pool_resource::do_try_deallocate_now(void* ptr, std::size_t bytes, stream_v
 }
 
 std::size_t pool_resource::release() {
+  impl_->pool.take_back_from_graphs();
   std::lock_guard growing(impl_->pool.growth_mutex);
   const bool synchronized = impl_->pool.synchronize_and_fence_everything();
   return impl_->give_back(synchronized);
 }
 
 std::size_t pool_resource::trim() {
+  impl_->pool.take_back_from_graphs();
   std::size_t released = 0;
   {
     std::lock_guard growing(impl_->pool.growth_mutex);
@@ -142,6 +144,7 @@ std::size_t pool_resource::trim() {
 }
 
 std::size_t pool_resource::trim(stream_view stream) {
+  impl_->pool.take_back_from_graphs();
   detail::arena& a = impl_->pool.arena_for(stream, "trim");
   {
     std::lock_guard lock(a.lock);

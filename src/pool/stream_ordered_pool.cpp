@@ -86,6 +86,13 @@ void* pool_backing::allocate_slot(arena&, const pool_request&) {
 }
 
 stream_ordered_pool::~stream_ordered_pool() {
+  held_for_graphs.returned(held_for_graphs.take_released().size());  // their blocks go with the pool's memory
+  if (const std::size_t held = held_for_graphs.count(); held != 0) {
+    diagnosef(diagnostic_level::warning,
+              "gpumem: %s on device %d destroyed while %zu block(s) freed under a CUDA graph capture are held for "
+              "their graphs; those graphs must not run again (their memory goes back with the pool's)\n",
+              name, device, held);
+  }
   for (auto& [key, a] : arenas) {
     if (a->fence != nullptr) (void)driver().cuEventDestroy(a->fence);
   }
@@ -143,10 +150,72 @@ void* stream_ordered_pool::allocate_under_capture(std::size_t bytes, stream_view
 void stream_ordered_pool::deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream) {
   // The pool's own memory first: a graph's record at an address inside one of its
   // chunks is stale (a graph that never ran gave the address back, and a chunk took
-  // it: Note [Freeing a graph's allocation]), and the block there is refused.
-  const bool the_pools = chunk_owner(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
-  if (!the_pools && graph_memory.deallocate(ptr, bytes, stream.handle(), true)) return;  // a free node of the graph
+  // it: Note [Freeing a graph's allocation]).
+  arena* const owner = chunk_owner(reinterpret_cast<std::uintptr_t>(ptr));
+  if (owner == nullptr && graph_memory.deallocate(ptr, bytes, stream.handle(), true)) return;  // a free node of the graph
+  arena* freeing = nullptr;
+  if (owner != nullptr && arena_of(stream, freeing) && freeing == owner) {
+    hold_for_graph(*owner, ptr, bytes, stream.handle());
+    return;
+  }
   throw_capturing(name, "deallocate", stream.handle());
+}
+
+void stream_ordered_pool::hold_for_graph(arena& a, void* ptr, std::size_t bytes, CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph graph = nullptr;
+  {
+    device_context_guard guard(device);  // for the per-thread default stream
+    GPUMEM_CU(cuStreamGetCaptureInfo, stream, &status, nullptr, &graph, nullptr, nullptr, nullptr);
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  block* b = nullptr;
+  {
+    std::lock_guard lock(a.lock);
+    b = a.live.find(address);
+    if (b == nullptr || b->cached) {
+      throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
+                        " was not allocated by this pool, or was already freed");
+    }
+    if (b->requested_bytes != bytes) {
+      throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) + " has " +
+                        std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
+    }
+    if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || graph == nullptr) {
+      // An invalidated capture runs nothing (no fence: the stream still captures),
+      // and one that ended meanwhile left an ordinary free.
+      const std::size_t size = b->size;
+      free_live(a, b, address, bytes);
+      if (status == CU_STREAM_CAPTURE_STATUS_NONE) note_free(a, size);
+      return;
+    }
+    a.live.erase(address);
+    b->held = true;
+  }
+  try {
+    held_for_graphs.hold(graph, {b, &a});
+  } catch (...) {
+    std::lock_guard lock(a.lock);
+    b->held = false;
+    a.live.insert(address, b);
+    throw;
+  }
+}
+
+void stream_ordered_pool::free_blocks_graphs_released() {
+  for (const graph_holds::held& h : held_for_graphs.take_released()) {
+    arena& a = *h.owner;
+    block* b = h.freed;
+    {
+      std::lock_guard lock(a.lock);
+      a.live.insert(b->address, b);
+      b->held = false;
+      // On its stream, now, without a fence (the stream may be gone): its later
+      // work follows the block's last uses, other streams wait for its next fence.
+      free_live(a, b, b->address, b->requested_bytes);
+    }
+    held_for_graphs.returned(1);
+  }
 }
 
 arena* stream_ordered_pool::chunk_owner(std::uintptr_t address) const {
@@ -300,6 +369,7 @@ void* stream_ordered_pool::finish_unready(arena& a, block* b, bool growing) {
 
 void* stream_ordered_pool::allocate_slow(arena& a, const pool_request& r) {
   if (r.need > backing->largest_possible()) throw_out_of_memory(r.requested, r.alignment);
+  take_back_from_graphs();
   // 1. This arena's quick cache, coalesced, and the blocks other streams freed back to it.
   {
     std::lock_guard lock(a.lock);
@@ -347,6 +417,7 @@ void* stream_ordered_pool::allocate_slot(arena& a, std::size_t bytes) {
   // The hot path found no free slot that is ready or needs swaps within the
   // arena only (allocate()).
   if (size > backing->largest_possible()) throw_out_of_memory(bytes);
+  take_back_from_graphs();
   growth_waiter waiting(a);
   // Slots other streams freed back to this one (no growth mutex needed), before
   // the exclusive path: with streams that free each other's blocks, that is
@@ -525,6 +596,7 @@ stream_ordered_pool::last_sync stream_ordered_pool::synchronize_as_last_resort()
 }
 
 pool_totals stream_ordered_pool::collect() {
+  take_back_from_graphs();
   pool_totals s;
   std::shared_lock lock(arenas_mutex);
   for (auto& [key, a] : arenas) {

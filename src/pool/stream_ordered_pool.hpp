@@ -31,6 +31,7 @@
 #include "gpumem/memory_resource.hpp"
 #include "pool/arena.hpp"
 #include "pool/graph_allocations.hpp"
+#include "pool/graph_holds.hpp"
 #include "stream_device.hpp"
 #include "text.hpp"
 
@@ -165,6 +166,10 @@ class stream_ordered_pool {
   [[gnu::noinline, gnu::cold]] void* allocate_under_capture(std::size_t bytes, stream_view stream,
                                                             std::size_t alignment);
   [[gnu::noinline, gnu::cold]] void deallocate_under_capture(void* ptr, std::size_t bytes, stream_view stream);
+  // A block of `a` freed on a's stream under its capture: held for the graph
+  // (Note [A pool block freed under a capture], graph_holds.cpp).
+  void hold_for_graph(arena& a, void* ptr, std::size_t bytes, CUstream stream);
+  [[gnu::noinline, gnu::cold]] void free_blocks_graphs_released();
 
   // ---- arenas ----
   // The arena of `s` in `out`; false when `s` is new to the pool and being
@@ -235,6 +240,10 @@ class stream_ordered_pool {
   void* finish_unready(arena& a, block* b, bool growing);
 
   // ---- slow paths; no lock held on entry ----
+  // Blocks held for graphs that are gone: freed now, each on its own stream.
+  void take_back_from_graphs() {
+    if (held_for_graphs.any_released()) [[unlikely]] free_blocks_graphs_released();
+  }
   void* allocate_slow(arena& a, const pool_request& r);
   // Requests of slot_min_bytes or more that take_free_slot found no free slot
   // for: the backing.
@@ -336,6 +345,7 @@ class stream_ordered_pool {
   // What calls under capture handed out: written only then, and large (its shards),
   // so after everything the hot path reads.
   alignas(apart) graph_allocations graph_memory;
+  graph_holds held_for_graphs;
 };
 
 // ---------------------------------------------------------------------------

@@ -82,6 +82,10 @@ driver_api build_sim_driver_table() {
   table.cuGraphInstantiateWithFlags = &graph_instantiate_with_flags;
   table.cuGraphLaunch = &graph_launch;
   table.cuGraphExecDestroy = &graph_exec_destroy;
+  table.cuStreamGetCaptureInfo = &stream_get_capture_info;
+  table.cuUserObjectCreate = &user_object_create;
+  table.cuUserObjectRelease = &user_object_release;
+  table.cuGraphRetainUserObject = &graph_retain_user_object;
   table.cuStreamWaitEvent = &stream_wait_event;
   table.cuLaunchHostFunc = &launch_host_func;
   table.cuEventCreate = &event_create;

@@ -42,10 +42,18 @@ CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
 CUresult stream_begin_capture(CUstream stream, CUstreamCaptureMode mode);
 CUresult stream_end_capture(CUstream stream, CUgraph* graph);
 CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
+CUresult stream_get_capture_info(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                 const CUgraphNode** dependencies, const CUgraphEdgeData** edge_data,
+                                 std::size_t* dependency_count);
 CUresult graph_destroy(CUgraph graph);
 CUresult graph_instantiate_with_flags(CUgraphExec* exec, CUgraph graph, unsigned long long flags);
 CUresult graph_launch(CUgraphExec exec, CUstream stream);
 CUresult graph_exec_destroy(CUgraphExec exec);
+// sim_graph.cpp
+CUresult user_object_create(CUuserObject* object, void* ptr, CUhostFn destroy, unsigned int initial_references,
+                            unsigned int flags);
+CUresult user_object_release(CUuserObject object, unsigned int count);
+CUresult graph_retain_user_object(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags);
 
 // sim_event.cpp
 CUresult event_create(CUevent* event, unsigned int flags);

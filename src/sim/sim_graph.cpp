@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "sim/sim_entry_points.hpp"
@@ -13,11 +14,36 @@ namespace gpumem::detail::simulator {
 
 namespace {
 
-// A graph's allocation nodes, shared by the graph and its executables. When the
-// last of them goes, the allocations no launch made go back, and their addresses
-// may be handed out again (as the driver does: tests/fuzz/capture_program.cpp).
+// A user object: its destroy function runs once the last reference goes.
+struct sim_user_object {
+  void* ptr;
+  CUhostFn destroy;
+  std::atomic<std::uint64_t> references;
+};
+
+void release_user_object(sim_user_object* o, std::uint64_t count) {
+  if (o->references.fetch_sub(count, std::memory_order_acq_rel) == count) {
+    o->destroy(o->ptr);
+    delete o;
+  }
+}
+
+// A graph's allocation nodes and user object references, shared by the graph,
+// its executables and their launches in flight. When the last of the graph and
+// its executables goes, the allocations no launch made go back, and their
+// addresses may be handed out again (as the driver does:
+// tests/fuzz/capture_program.cpp); once the launches are done too, the
+// references go (as the driver's do, measured on an H200: docs/pool.md).
 struct graph_nodes {
   std::vector<sim_stream::graph_node> allocations;
+  std::mutex mutex;  // guards user_objects: a capture's graph takes them while others read it
+  std::vector<std::pair<sim_user_object*, unsigned>> user_objects;
+  graph_nodes() = default;
+  graph_nodes(const graph_nodes&) = delete;
+  graph_nodes& operator=(const graph_nodes&) = delete;
+  ~graph_nodes() {
+    for (auto [o, count] : user_objects) release_user_object(o, count);
+  }
 };
 struct sim_graph {
   std::shared_ptr<graph_nodes> nodes;
@@ -39,14 +65,21 @@ void drop_nodes(sim_state& state, std::shared_ptr<graph_nodes>& nodes) {
 
 }  // namespace
 
-CUgraph make_graph(std::vector<sim_stream::graph_node> allocations) {
-  auto nodes = std::make_shared<graph_nodes>();
-  nodes->allocations = std::move(allocations);
-  return reinterpret_cast<CUgraph>(new sim_graph{std::move(nodes)});
+CUgraph make_graph() { return reinterpret_cast<CUgraph>(new sim_graph{std::make_shared<graph_nodes>()}); }
+
+void add_allocation_nodes(CUgraph graph, std::vector<sim_stream::graph_node> allocations) {
+  reinterpret_cast<sim_graph*>(graph)->nodes->allocations = std::move(allocations);
+}
+
+void drop_graph(sim_state& state, CUgraph graph) {
+  auto* g = reinterpret_cast<sim_graph*>(graph);
+  drop_nodes(state, g->nodes);
+  delete g;
 }
 
 CUresult allocate_graph_memory(sim_state& state, const std::shared_ptr<sim_stream>& stream, std::size_t bytes,
                                CUdeviceptr* pointer) {
+  if (stream->capture_invalidated()) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   sim_device& device = *state.device(stream->device());
   const CUresult r = allocate_device_memory(state, device, bytes, allocation_kind::graph, pointer);
   if (r == CUDA_SUCCESS) {
@@ -59,7 +92,10 @@ CUresult allocate_graph_memory(sim_state& state, const std::shared_ptr<sim_strea
 
 CUresult free_graph_memory(sim_state& state, const allocation& a, const std::shared_ptr<sim_stream>& stream) {
   device_address_space& memory = state.device(a.device)->memory;
-  if (stream->capturing()) return memory.free(a.base);  // a free node
+  if (stream->capturing()) {
+    if (stream->capture_invalidated()) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return memory.free(a.base);  // a free node
+  }
   if (!a.graph_launched) {
     (void)memory.free(a.base);  // nothing was made there: nothing to hold
     return CUDA_ERROR_INVALID_VALUE;
@@ -76,9 +112,7 @@ CUresult free_graph_memory(sim_state& state, const allocation& a, const std::sha
 CUresult graph_destroy(CUgraph graph) {
   return entry_point([&](sim_state& state) {
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    auto* g = reinterpret_cast<sim_graph*>(graph);
-    drop_nodes(state, g->nodes);
-    delete g;
+    drop_graph(state, graph);
     return CUDA_SUCCESS;
   });
 }
@@ -97,8 +131,10 @@ CUresult graph_launch(CUgraphExec exec, CUstream handle) {
     if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<sim_stream> stream;
     if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
-    if (CUresult r = enqueue(stream, [] {}); r != CUDA_SUCCESS) return r;
-    for (const sim_stream::graph_node& n : reinterpret_cast<sim_graph_exec*>(exec)->nodes->allocations) {
+    // The launch holds the graph's nodes until its stream reaches it.
+    std::shared_ptr<graph_nodes> nodes = reinterpret_cast<sim_graph_exec*>(exec)->nodes;
+    if (CUresult r = enqueue(stream, [held = nodes] {}); r != CUDA_SUCCESS) return r;
+    for (const sim_stream::graph_node& n : nodes->allocations) {
       if (sim_device* d = state.device(n.device)) d->memory.mark_graph_launched(n.pointer, n.id);
     }
     return CUDA_SUCCESS;
@@ -111,6 +147,41 @@ CUresult graph_exec_destroy(CUgraphExec exec) {
     auto* e = reinterpret_cast<sim_graph_exec*>(exec);
     drop_nodes(state, e->nodes);
     delete e;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult user_object_create(CUuserObject* object, void* ptr, CUhostFn destroy, unsigned int initial_references,
+                            unsigned int flags) {
+  return entry_point([&](sim_state&) {
+    if (object == nullptr || destroy == nullptr || initial_references == 0 ||
+        flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    *object = reinterpret_cast<CUuserObject>(new sim_user_object{ptr, destroy, {initial_references}});
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult user_object_release(CUuserObject object, unsigned int count) {
+  return entry_point([&](sim_state&) {
+    if (object == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    release_user_object(reinterpret_cast<sim_user_object*>(object), count);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult graph_retain_user_object(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags) {
+  return entry_point([&](sim_state&) {
+    if (graph == nullptr || object == nullptr || count == 0 || (flags & ~CU_GRAPH_USER_OBJECT_MOVE) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto* o = reinterpret_cast<sim_user_object*>(object);
+    // Moved: the caller's references become the graph's; else new ones.
+    if ((flags & CU_GRAPH_USER_OBJECT_MOVE) == 0) o->references.fetch_add(count, std::memory_order_relaxed);
+    graph_nodes& nodes = *reinterpret_cast<sim_graph*>(graph)->nodes;
+    std::lock_guard lock(nodes.mutex);
+    nodes.user_objects.emplace_back(o, count);
     return CUDA_SUCCESS;
   });
 }

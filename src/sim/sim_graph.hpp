@@ -13,8 +13,13 @@
 
 namespace gpumem::detail::simulator {
 
-// The graph a capture ended with: its allocation nodes.
-CUgraph make_graph(std::vector<sim_stream::graph_node> allocations);
+// The graph of a capture that begins (cuStreamGetCaptureInfo hands it out, and
+// cuGraphRetainUserObject adds to it meanwhile); the capture's end gives it its
+// allocation nodes.
+CUgraph make_graph();
+void add_allocation_nodes(CUgraph graph, std::vector<sim_stream::graph_node> allocations);
+// cuGraphDestroy's work, for a graph no one was handed (an invalidated capture's).
+void drop_graph(sim_state& state, CUgraph graph);
 
 // cuMemAllocAsync on a capturing stream: an allocation node. Its memory is taken
 // from the device at once (the simulator launches nothing, so nothing runs before it).

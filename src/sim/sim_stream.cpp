@@ -18,6 +18,7 @@ namespace gpumem::detail::simulator {
 namespace {
 
 std::atomic<std::uint64_t> next_stream_id{1};
+std::atomic<std::uint64_t> next_capture_id{1};
 
 // Raises `clock`'s entry for `id` to at least `sequence`; true if it changed.
 bool raise(stream_clock& clock, std::uint64_t id, std::uint64_t sequence) {
@@ -277,7 +278,12 @@ CUresult stream_destroy(CUstream handle) {
     if (is_default_stream_handle(handle)) return CUDA_ERROR_INVALID_HANDLE;
     std::shared_ptr<sim_stream> stream = state.streams.remove(handle);
     if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    if (stream->capturing()) capture_ended(stream.get());  // a capture it never ended forbids nothing more
+    if (stream->capturing()) {
+      capture_ended(stream.get());  // a capture it never ended forbids nothing more
+      CUgraph g = stream->take_capture_graph();
+      add_allocation_nodes(g, stream->take_captured_allocations());
+      drop_graph(state, g);
+    }
     stream->close();  // returns at once; queued work still runs
     return CUDA_SUCCESS;
   });
@@ -352,6 +358,7 @@ CUresult stream_begin_capture(CUstream handle, CUstreamCaptureMode mode) {
     if (stream->kind() == stream_kind::legacy_default) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
     capture_watch_begin_entered();  // as CUPTI reports a begin: before the stream captures
+    stream->set_capture_graph(make_graph(), next_capture_id.fetch_add(1, std::memory_order_relaxed));
     stream->set_capturing(true);
     capture_begun(stream, mode);  // what it forbids elsewhere: sim_capture_rules.hpp
     return CUDA_SUCCESS;
@@ -365,15 +372,18 @@ CUresult stream_end_capture(CUstream handle, CUgraph* graph) {
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!stream->capturing()) return CUDA_ERROR_ILLEGAL_STATE;
     const bool invalidated = stream->capture_invalidated();
-    std::vector<sim_stream::graph_node> allocations = stream->take_captured_allocations();
+    CUgraph g = stream->take_capture_graph();
+    add_allocation_nodes(g, stream->take_captured_allocations());
     stream->set_capturing(false);
     capture_ended(stream.get());
     capture_watch_capture_ended();
     if (invalidated) {
+      // The driver destroys the graph: its allocations and user objects go (measured).
+      drop_graph(state, g);
       *graph = nullptr;
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
-    *graph = make_graph(std::move(allocations));
+    *graph = g;
     return CUDA_SUCCESS;
   });
 }
@@ -386,6 +396,30 @@ CUresult stream_is_capturing(CUstream handle, CUstreamCaptureStatus* status) {
     *status = !stream->capturing()            ? CU_STREAM_CAPTURE_STATUS_NONE
               : stream->capture_invalidated() ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult stream_get_capture_info(CUstream handle, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                 const CUgraphNode** dependencies, const CUgraphEdgeData** edge_data,
+                                 std::size_t* dependency_count) {
+  return entry_point([&](sim_state& state) {
+    std::shared_ptr<sim_stream> stream;
+    if (CUresult r = resolve_stream(state, handle, stream); r != CUDA_SUCCESS) return r;
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!stream->capturing()) {
+      *status = CU_STREAM_CAPTURE_STATUS_NONE;
+      return CUDA_SUCCESS;
+    }
+    std::uint64_t capture = 0;
+    const CUgraph g = stream->capture_graph(&capture);
+    const bool invalidated = stream->capture_invalidated();
+    *status = invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (id != nullptr) *id = capture;
+    if (graph != nullptr) *graph = invalidated ? nullptr : g;  // the driver may drop an invalidated one early
+    if (dependencies != nullptr) *dependencies = nullptr;  // no nodes but allocations here
+    if (edge_data != nullptr) *edge_data = nullptr;
+    if (dependency_count != nullptr) *dependency_count = 0;
     return CUDA_SUCCESS;
   });
 }

@@ -125,6 +125,21 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
     std::lock_guard lock(mutex_);
     return std::exchange(captured_allocations_, {});
   }
+  // The graph the capture in progress builds (sim_graph.hpp), and the capture's id.
+  void set_capture_graph(CUgraph graph, std::uint64_t id) {
+    std::lock_guard lock(mutex_);
+    capture_graph_ = graph;
+    capture_id_ = id;
+  }
+  CUgraph capture_graph(std::uint64_t* id = nullptr) const {
+    std::lock_guard lock(mutex_);
+    if (id != nullptr) *id = capture_id_;
+    return capture_graph_;
+  }
+  CUgraph take_capture_graph() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(capture_graph_, nullptr);
+  }
 
  private:
   struct queued_work {
@@ -148,6 +163,8 @@ class sim_stream : public std::enable_shared_from_this<sim_stream> {
   std::atomic<bool> capturing_{false};
   std::atomic<bool> capture_invalidated_{false};
   std::vector<graph_node> captured_allocations_;
+  CUgraph capture_graph_ = nullptr;
+  std::uint64_t capture_id_ = 0;
   std::shared_ptr<const stream_clock> clock_;  // copied on write: positions share snapshots
 };
 

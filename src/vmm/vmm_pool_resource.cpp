@@ -149,6 +149,7 @@ bool vmm_pool_resource::do_try_deallocate_now(void* ptr, std::size_t bytes, stre
 }
 
 std::size_t vmm_pool_resource::trim() {
+  impl_->pool.take_back_from_graphs();
   std::size_t released = 0;
   {
     std::lock_guard growing(impl_->pool.growth_mutex);
@@ -159,6 +160,7 @@ std::size_t vmm_pool_resource::trim() {
 }
 
 std::size_t vmm_pool_resource::trim(stream_view stream) {
+  impl_->pool.take_back_from_graphs();
   detail::arena& a = impl_->pool.arena_for(stream, "trim");
   {
     std::lock_guard lock(a.lock);
@@ -169,6 +171,7 @@ std::size_t vmm_pool_resource::trim(stream_view stream) {
 }
 
 std::size_t vmm_pool_resource::release() {
+  impl_->pool.take_back_from_graphs();
   std::lock_guard growing(impl_->pool.growth_mutex);
   const bool synchronized = impl_->pool.synchronize_and_fence_everything();
   return impl_->give_back(synchronized);

@@ -1,10 +1,12 @@
 // run_capture_program (capture_program.hpp).
 #include "fuzz/capture_program.hpp"
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -42,6 +44,9 @@ std::string run_on(Pool& pool, program_reader& in) {
   // hands their addresses out again), so never freed here (Note [Freeing a graph's
   // allocation]); a new allocation at one's address replaces the pool's record.
   std::map<std::uintptr_t, graph_allocation> dangling;
+  // The pool's blocks freed under a capture: held for its graph until that graph
+  // is gone (Note [A pool block freed under a capture]), so never handed out meanwhile.
+  std::map<std::uintptr_t, graph_allocation> held;
   int capturing = -1;  // the stream under capture
   int capture = 0;     // numbers the captures
   // An allocation short of memory whose last resort, a device synchronisation, the
@@ -70,15 +75,32 @@ std::string run_on(Pool& pool, program_reader& in) {
       if (g != nullptr) (void)detail::driver().cuGraphDestroy(g);
     }
   } left{capturing};
-  auto overlaps = [&](std::uintptr_t a, std::size_t bytes) {
-    for (const auto* m : {&live}) {
-      auto next = m->lower_bound(a);
-      if (next != m->end() && a + bytes > next->first) return true;
-      if (next != m->begin() && std::prev(next)->first + std::prev(next)->second.bytes > a) return true;
+  // What [a, a + bytes) overlaps: empty if nothing.
+  auto overlaps = [&](std::uintptr_t a, std::size_t bytes) -> std::string {
+    auto covers = [&](const auto& m) {
+      auto next = m.lower_bound(a);
+      return (next != m.end() && a + bytes > next->first) ||
+             (next != m.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a);
+    };
+    if (covers(live)) return "a live allocation of the pool";
+    if (covers(graph)) return "a graph's allocation";
+    if (covers(held)) return "a block held for a graph that may still run";
+    return {};
+  };
+  // The graph of `capture` is gone: its held blocks may come back.
+  auto graph_gone = [&](int of) {
+    std::erase_if(held, [of](const auto& entry) { return entry.second.capture == of; });
+  };
+  // The graph of `of` was dropped before it ran: its allocations' addresses went back.
+  auto dropped = [&](int of) {
+    for (auto it = graph.begin(); it != graph.end();) {
+      if (it->second.capture == of) {
+        dangling.insert(*it);
+        it = graph.erase(it);
+      } else {
+        ++it;
+      }
     }
-    auto next = graph.lower_bound(a);
-    if (next != graph.end() && a + bytes > next->first) return true;
-    return next != graph.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a;
   };
   auto end_capture = [&]() -> std::string {
     CUstream s = streams[static_cast<std::size_t>(capturing)].handle();
@@ -87,8 +109,10 @@ std::string run_on(Pool& pool, program_reader& in) {
     capturing = -1;
     if (capture_lost) {
       capture_lost = false;
+      graph_gone(capture);
       if (r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) return "a capture the pool's error said was lost ended otherwise";
-      return {};  // its allocations are freed later, as a graph's that never ran
+      dropped(capture);  // the driver destroyed its graph; freed later, as a graph's that never ran
+      return {};
     }
     if (r != CUDA_SUCCESS) return "the capture ended with " + std::to_string(r) + ": the pool invalidated it";
     const bool launch = in.byte() % 2 == 0;
@@ -101,16 +125,8 @@ std::string run_on(Pool& pool, program_reader& in) {
       GPUMEM_CU(cuGraphExecDestroy, exec);
     }
     GPUMEM_CU(cuGraphDestroy, g);
-    if (!launch) {
-      for (auto it = graph.begin(); it != graph.end();) {
-        if (it->second.capture == capture) {
-          dangling.insert(*it);
-          it = graph.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
+    graph_gone(capture);
+    if (!launch) dropped(capture);
     return {};
   };
   for (int step = 0; !in.empty() && step < 200; ++step) {
@@ -129,9 +145,15 @@ std::string run_on(Pool& pool, program_reader& in) {
           capture_lost = true;
         }
         continue;  // the simulated device is small; frugality is the other programs' to check
+      } catch (const cuda_error& e) {
+        // The graph's memory under a capture the driver invalidated: it says so.
+        if (k == capturing && capture_lost && e.result() == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) continue;
+        throw;
       }
       const auto a = reinterpret_cast<std::uintptr_t>(p);
-      if (overlaps(a, bytes)) return "an allocation overlaps a live one";
+      if (std::string o = overlaps(a, bytes); !o.empty()) {
+        return "an allocation " + std::string(k == capturing ? "under capture" : "") + " overlaps " + o;
+      }
       if (k == capturing) {
         if (pool.statistics().allocations != count_before) return "an allocation under capture came from the pool";
         graph.emplace(a, graph_allocation{p, bytes, capture});
@@ -159,9 +181,12 @@ std::string run_on(Pool& pool, program_reader& in) {
         if (k == capturing) {
           try {
             pool.deallocate(al.ptr, al.bytes, s);
-            return "a block handed out before the capture was taken back under it";
           } catch (const logic_error&) {
+            continue;  // a block of another stream's arena: its fence would join the capture
           }
+          // Held for the graph; freed at once where the capture is lost (nothing of it runs).
+          if (!capture_lost) held.emplace(it->first, graph_allocation{al.ptr, al.bytes, capture});
+          live.erase(it);
           continue;
         }
         pool.deallocate(al.ptr, al.bytes, s);
@@ -210,6 +235,11 @@ std::string run_on(Pool& pool, program_reader& in) {
   for (auto& [a, al] : live) pool.deallocate(al.ptr, al.bytes, streams[0]);
   for (stream& s : streams) s.synchronize();
   if (pool.statistics().allocations != 0) return "allocations left after every free";
+  // Every graph is gone: what they held comes back (a GPU's driver says so a little later).
+  for (int i = 0; pool.statistics().used_bytes != 0; ++i) {
+    if (i == 1000) return "blocks held for graphs that are gone did not come back";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (std::string v = detail::pool_inspector::violations(pool); !v.empty()) return v;
   (void)pool.release();
   return {};
