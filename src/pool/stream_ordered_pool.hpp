@@ -12,7 +12,6 @@
 // Read arena.hpp's Note [Fencing frees on demand] first.
 #pragma once
 
-#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,6 +31,7 @@
 #include "pool/arena.hpp"
 #include "pool/graph_allocations.hpp"
 #include "pool/graph_holds.hpp"
+#include "pool/growth_mutex.hpp"
 #include "stream_device.hpp"
 #include "text.hpp"
 
@@ -114,29 +114,6 @@ struct pool_totals {
   std::size_t allocations = 0;
   std::size_t chunks = 0;
   std::size_t streams = 0;
-};
-
-// The growth mutex: held exclusively to grow and give back, shared only to
-// reuse a slot with swaps across streams after an absorb (a slot that needs
-// swaps within its arena takes none: Note [Reusing a slot on the hot path],
-// src/vmm/page_slots.cpp). A read-write lock that prefers writers: one that prefers
-// readers (std::shared_mutex on glibc) lets new shared holders in past a
-// waiting exclusive one, so threads that keep reusing slots would starve a
-// thread that must grow or trim (docs/vmm.md, "Slots"). Shared holds are never
-// nested, as a writer-preferring lock requires.
-class growth_mutex_type {
- public:
-  growth_mutex_type();
-  ~growth_mutex_type();
-  growth_mutex_type(const growth_mutex_type&) = delete;
-  growth_mutex_type& operator=(const growth_mutex_type&) = delete;
-  void lock();
-  void unlock() noexcept;
-  void lock_shared();
-  void unlock_shared() noexcept;
-
- private:
-  pthread_rwlock_t lock_;
 };
 
 class stream_ordered_pool {
