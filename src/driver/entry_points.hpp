@@ -37,6 +37,8 @@
 //                              driver thread, once its last reference goes; a graph's reference goes when
 //                              the graph and every executable made from it are destroyed and their
 //                              launches done (measured: docs/pool.md, "A pool block freed under a capture")
+//  cuDeviceGraphMemTrim        valid ordinal                      => the driver's cache of graph memory
+//                              that no graph holds goes back to the device
 //  cuMemAllocAsync/FreeAsync under capture   => an allocation / a free node: the graph's memory;
 //                              such memory is also freed by cuMemFreeAsync outside the capture
 //  cuLaunchHostFunc            valid stream                       => fn runs in stream order on a
@@ -158,6 +160,7 @@
   X(cuUserObjectCreate, 11030)              \
   X(cuUserObjectRelease, 11030)             \
   X(cuGraphRetainUserObject, 11030)         \
+  X(cuDeviceGraphMemTrim, 11040)            \
   X(cuEventCreate, 2000)                   \
   X(cuEventDestroy, 4000)                  \
   X(cuEventRecord, 2000)                   \

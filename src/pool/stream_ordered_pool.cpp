@@ -454,6 +454,11 @@ bool stream_ordered_pool::synchronize_and_fence_everything() {
   {
     device_context_guard guard(device);
     GPUMEM_CU(cuCtxSynchronize);
+    // The driver caches the memory of graphs' allocations (the pools' calls
+    // under capture) once they are freed: what no graph holds now goes back too,
+    // as memory is short or the program asks for everything back. No capture is
+    // in progress: the synchronisation above would have failed.
+    GPUMEM_CU(cuDeviceGraphMemTrim, static_cast<CUdevice>(device));
   }
   // Everything freed before the synchronisation is complete: fenced and settled.
   for (auto [a, frees, pending_upto] : before) {

@@ -86,6 +86,7 @@ driver_api build_sim_driver_table() {
   table.cuUserObjectCreate = &user_object_create;
   table.cuUserObjectRelease = &user_object_release;
   table.cuGraphRetainUserObject = &graph_retain_user_object;
+  table.cuDeviceGraphMemTrim = &device_graph_mem_trim;
   table.cuStreamWaitEvent = &stream_wait_event;
   table.cuLaunchHostFunc = &launch_host_func;
   table.cuEventCreate = &event_create;

@@ -54,6 +54,7 @@ CUresult user_object_create(CUuserObject* object, void* ptr, CUhostFn destroy, u
                             unsigned int flags);
 CUresult user_object_release(CUuserObject object, unsigned int count);
 CUresult graph_retain_user_object(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags);
+CUresult device_graph_mem_trim(CUdevice device);
 
 // sim_event.cpp
 CUresult event_create(CUevent* event, unsigned int flags);

@@ -186,4 +186,11 @@ CUresult graph_retain_user_object(CUgraph graph, CUuserObject object, unsigned i
   });
 }
 
+// The simulator gives graph memory back as it is freed: no cache to trim.
+CUresult device_graph_mem_trim(CUdevice device) {
+  return entry_point([&](sim_state& state) {
+    return state.device(device) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  });
+}
+
 }  // namespace gpumem::detail::simulator

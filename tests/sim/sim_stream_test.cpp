@@ -1,8 +1,10 @@
 // Simulator: streams run their work in order on their own workers, concurrently
 // with each other, and follow the legacy default stream's rules.
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "sim_test_support.hpp"
@@ -340,6 +342,72 @@ TEST_F(sim_stream_test, allocations_under_capture_are_the_graphs_memory) {
   EXPECT_EQ(cu().cuMemFreeAsync(kept, s), CUDA_ERROR_INVALID_VALUE);
   ASSERT_EQ(cu().cuMemGetInfo(&free_now, &total), CUDA_SUCCESS);
   EXPECT_EQ(free_now, free_before);
+}
+
+// As measured with the driver on an H200 (docs/pool.md, "CUDA graphs"): the graph
+// being captured is named by cuStreamGetCaptureInfo and takes user objects; their
+// references go once the graph and every executable of it are gone and their
+// launches done; an invalidated capture's graph goes at its end, and its graph
+// memory calls fail meanwhile.
+TEST_F(sim_stream_test, user_objects_go_with_the_last_of_a_graph_and_its_executables) {
+  CUstream s = make_stream();
+  std::atomic<int> destroyed{0};
+  auto retain_in_capture = [&] {
+    CUstreamCaptureStatus status{};
+    cuuint64_t id = 0;
+    CUgraph capturing = nullptr;
+    EXPECT_EQ(cu().cuStreamGetCaptureInfo(s, &status, &id, &capturing, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    EXPECT_NE(capturing, nullptr);
+    CUuserObject o = nullptr;
+    EXPECT_EQ(cu().cuUserObjectCreate(&o, &destroyed, [](void* p) { ++*static_cast<std::atomic<int>*>(p); }, 1,
+                                      CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+              CUDA_SUCCESS);
+    EXPECT_EQ(cu().cuGraphRetainUserObject(capturing, o, 1, CU_GRAPH_USER_OBJECT_MOVE), CUDA_SUCCESS);
+    return id;
+  };
+  ASSERT_EQ(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const cuuint64_t first = retain_in_capture();
+  CUgraph g = nullptr;
+  ASSERT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu().cuGraphInstantiateWithFlags(&exec, g, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuGraphDestroy(g), CUDA_SUCCESS);
+  EXPECT_EQ(destroyed.load(), 0) << "an executable of the graph lives";
+  // The launch waits behind a host function that holds the stream.
+  std::atomic<bool> release{false};
+  ASSERT_EQ(cu().cuLaunchHostFunc(
+                s, [](void* p) { while (!static_cast<std::atomic<bool>*>(p)->load()) std::this_thread::yield(); },
+                &release),
+            CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(destroyed.load(), 0) << "its launch is not done";
+  release = true;
+  ASSERT_EQ(cu().cuStreamSynchronize(s), CUDA_SUCCESS);
+  for (int i = 0; i < 1000 && destroyed.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(destroyed.load(), 1);
+
+  // Invalidated: the graph memory calls fail, and its end drops the graph.
+  ASSERT_EQ(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  EXPECT_NE(retain_in_capture(), first) << "each capture has an id of its own";
+  CUdeviceptr made = 0;
+  ASSERT_EQ(cu().cuMemAllocAsync(&made, 4096, s), CUDA_SUCCESS);
+  EXPECT_EQ(cu().cuStreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUstreamCaptureStatus status{};
+  CUgraph capturing = reinterpret_cast<CUgraph>(1);
+  ASSERT_EQ(cu().cuStreamGetCaptureInfo(s, &status, nullptr, &capturing, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_EQ(capturing, nullptr);
+  CUdeviceptr more = 0;
+  EXPECT_EQ(cu().cuMemAllocAsync(&more, 4096, s), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(cu().cuMemFreeAsync(made, s), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(destroyed.load(), 1);
+  EXPECT_EQ(cu().cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(destroyed.load(), 2) << "the invalidated capture's graph went at its end";
+  CUstreamCaptureStatus none{};
+  EXPECT_EQ(cu().cuStreamGetCaptureInfo(s, &none, nullptr, nullptr, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(none, CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
 // The simulator is never torn down, so exiting with streams alive neither crashes nor hangs.
