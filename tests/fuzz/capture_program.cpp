@@ -254,6 +254,13 @@ std::string run_capture_program(const std::uint8_t* data, std::size_t size) {
   // Now and then a budget, so that the last resort of a short allocation (a device
   // synchronisation) meets the captures on any device, a GPU's too.
   const std::size_t maximum = in.byte() % 3 == 0 ? std::size_t{64} << 20 << (in.byte() % 3) : 0;
+  {
+    // The driver's cache of graph memory, which earlier programs and tests may have
+    // left, goes first: the pool's release() at the end gives this program's back.
+    detail::device_context_guard guard(0);
+    GPUMEM_CU(cuCtxSynchronize);
+    GPUMEM_CU(cuDeviceGraphMemTrim, 0);
+  }
   const std::size_t device_free_before = device_free_bytes();
   std::string failure;
   if (vmm) {
