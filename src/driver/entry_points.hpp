@@ -36,7 +36,7 @@
 //  cuUserObjectCreate/Release, cuGraphRetainUserObject   => an object whose destroy function runs, on a
 //                              driver thread, once its last reference goes; a graph's reference goes when
 //                              the graph and every executable made from it are destroyed and their
-//                              launches done (measured: docs/pool.md, "A pool block freed under a capture")
+//                              launches done (measured: docs/pool.md, "CUDA graphs")
 //  cuDeviceGraphMemTrim        valid ordinal                      => the driver's cache of graph memory
 //                              that no graph holds goes back to the device
 //  cuMemAllocAsync/FreeAsync under capture   => an allocation / a free node: the graph's memory;

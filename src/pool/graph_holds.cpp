@@ -19,8 +19,7 @@ namespace gpumem::detail {
 // clone) are destroyed and their launches are done, and then calls the destroy
 // function on a thread of its own; for a capture that ends invalidated, at its
 // end. Measured on an H200, driver 580.159.04, in each capture mode and from the
-// capturing thread and another (docs/pool.md, "A pool block freed under a
-// capture"). The destroy function may make no driver call: it only queues the
+// capturing thread and another (docs/pool.md, "CUDA graphs"). The destroy function may make no driver call: it only queues the
 // block for the pool, which takes it back at its next slow path (an allocation
 // that misses its caches, trim, statistics), as a free on the block's own
 // stream at that moment. That is stream-ordered: the block's last uses outside

@@ -32,7 +32,7 @@ class graph_holds {
   // once the driver drops the graph's reference. cuda_error, with nothing held,
   // where the driver refuses.
   void hold(CUgraph graph, held h);
-  // One relaxed load: whether take_released() has anything.
+  // One load: whether take_released() has anything.
   bool any_released() const noexcept { return shared_->released_count.load(std::memory_order_acquire) != 0; }
   std::vector<held> take_released();
   // `n` of those taken are no longer held (their blocks freed or gone).

@@ -1,10 +1,11 @@
 // The pools' calls on a stream under capture (Note [Pools and stream capture] in
 // src/stream_device.hpp): the graph's own memory, and the pool's blocks freed
 // under a capture held for the graph (graph_holds.hpp).
+#include "pool/stream_ordered_pool.hpp"
+
 #include <string>
 
 #include "driver/driver.hpp"
-#include "pool/stream_ordered_pool.hpp"  // its members
 
 namespace gpumem::detail {
 
