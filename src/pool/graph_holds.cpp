@@ -68,11 +68,12 @@ void graph_holds::hold(CUgraph graph, held h) {
   CUuserObject object = nullptr;
   GPUMEM_CU(cuUserObjectCreate, &object, record.get(), &graph_released, 1U, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
   holding_.fetch_add(1, std::memory_order_relaxed);
+  holding_bytes_.fetch_add(h.bytes, std::memory_order_relaxed);
   const CUresult r = driver().cuGraphRetainUserObject(graph, object, 1U, CU_GRAPH_USER_OBJECT_MOVE);
   if (r != CUDA_SUCCESS) {
     // Still ours alone: its destroy function (now or later, on the driver's
     // thread) finds nothing held, and the caller keeps the block as it was.
-    holding_.fetch_sub(1, std::memory_order_relaxed);
+    returned(h);
     record->h.freed = nullptr;
     (void)record.release();
     (void)driver().cuUserObjectRelease(object, 1U);

@@ -21,6 +21,7 @@ class graph_holds {
   struct held {
     block* freed;  // never followed by the driver's thread: only the pool reads it
     arena* owner;
+    std::size_t bytes;  // the block's size
   };
 
   graph_holds();
@@ -35,10 +36,14 @@ class graph_holds {
   // One load: whether take_released() has anything.
   bool any_released() const noexcept { return shared_->released_count.load(std::memory_order_acquire) != 0; }
   std::vector<held> take_released();
-  // `n` of those taken are no longer held (their blocks freed or gone).
-  void returned(std::size_t n) noexcept { holding_.fetch_sub(n, std::memory_order_relaxed); }
-  // Held now: released ones not yet returned among them.
+  // One of those taken is no longer held (its block freed, or gone with the pool).
+  void returned(const held& h) noexcept {
+    holding_.fetch_sub(1, std::memory_order_relaxed);
+    holding_bytes_.fetch_sub(h.bytes, std::memory_order_relaxed);
+  }
+  // Held now, and their bytes: released ones not yet returned among them.
   std::size_t count() const noexcept { return holding_.load(std::memory_order_relaxed); }
+  std::size_t bytes() const noexcept { return holding_bytes_.load(std::memory_order_relaxed); }
 
   // What the driver's thread and the pool share; outlives the pool while a
   // graph still holds a block of it.
@@ -51,6 +56,7 @@ class graph_holds {
  private:
   std::shared_ptr<shared_state> shared_;
   std::atomic<std::size_t> holding_{0};
+  std::atomic<std::size_t> holding_bytes_{0};
 };
 
 }  // namespace gpumem::detail

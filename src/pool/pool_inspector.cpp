@@ -37,7 +37,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
     return why.str();
   }
 
-  std::size_t held = 0;  // blocks held for graphs, in every arena
+  std::size_t held = 0, held_bytes = 0;  // blocks held for graphs, in every arena
   for (const auto& [key, a] : p.arenas) {
     std::lock_guard lock(a->lock);
     std::size_t free_bytes = 0, free_count = 0, used = 0, live = 0, cached = 0, reserved = 0;
@@ -102,6 +102,7 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
         } else if (b->held) {  // freed under a capture, held for its graph: in use, in no map
           used += b->size;
           ++held;
+          held_bytes += b->size;
           if (a->live.find(b->address) != nullptr) return "a block held for a graph is in the live map";
           if (b->pending) return "a block held for a graph is marked pending";
         } else {
@@ -146,8 +147,9 @@ std::string pool_inspector::engine_violations(stream_ordered_pool& p, std::size_
     if (a->fenced_frees > a->frees) return "fenced beyond the free count";
     if (a->settled_frees > a->fenced_frees) return "settled beyond the fences";
   }
-  if (held != p.held_for_graphs.count()) {
-    why << held << " blocks are held for graphs, the pool counts " << p.held_for_graphs.count();
+  if (held != p.held_for_graphs.count() || held_bytes != p.held_for_graphs.bytes()) {
+    why << held << " blocks (" << held_bytes << " bytes) are held for graphs, the pool counts "
+        << p.held_for_graphs.count() << " (" << p.held_for_graphs.bytes() << " bytes)";
     return why.str();
   }
   return {};

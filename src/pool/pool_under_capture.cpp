@@ -61,7 +61,7 @@ void stream_ordered_pool::hold_for_graph(arena& a, void* ptr, std::size_t bytes,
     b->held = true;
   }
   try {
-    held_for_graphs.hold(graph, {b, &a});
+    held_for_graphs.hold(graph, {b, &a, b->size});
   } catch (...) {
     std::lock_guard lock(a.lock);
     b->held = false;
@@ -82,7 +82,7 @@ void stream_ordered_pool::free_blocks_graphs_released() {
       // work follows the block's last uses, other streams wait for its next fence.
       free_live(a, b, b->address, b->requested_bytes);
     }
-    held_for_graphs.returned(1);
+    held_for_graphs.returned(h);
   }
 }
 

@@ -59,7 +59,7 @@ void* pool_backing::allocate_slot(arena&, const pool_request&) {
 }
 
 stream_ordered_pool::~stream_ordered_pool() {
-  held_for_graphs.returned(held_for_graphs.take_released().size());  // their blocks go with the pool's memory
+  for (const graph_holds::held& h : held_for_graphs.take_released()) held_for_graphs.returned(h);  // gone with the pool
   if (const std::size_t held = held_for_graphs.count(); held != 0) {
     diagnosef(diagnostic_level::warning,
               "gpumem: %s on device %d destroyed while %zu block(s) freed under a CUDA graph capture are held for "
@@ -529,6 +529,10 @@ void stream_ordered_pool::throw_out_of_memory(std::size_t requested, std::size_t
     why += "; the driver refused the device synchronisation that completes other streams' frees, as a CUDA graph "
            "capture is in progress, and that capture is now invalidated (with pool_options::watch_captures the "
            "pool knows of captures and does not ask: docs/pool.md, \"A capture elsewhere\")";
+  }
+  if (const std::size_t held = held_for_graphs.bytes(); held != 0) {
+    why += "; " + std::to_string(held) + " bytes of blocks freed under a CUDA graph capture are held until their " +
+           "graphs and every executable made from them are destroyed (docs/pool.md, \"CUDA graphs\")";
   }
   if (alignment > granule) {
     // The alignment is what the pool must find room for: name it.

@@ -148,5 +148,43 @@ TYPED_TEST(GraphHolds, APoolDestroyedBeforeTheGraphSaysSo) {
   EXPECT_TRUE(warned);
 }
 
+// Short of memory while a graph holds a block, the out_of_memory says so; once
+// the graph is gone the same request is served.
+template <class Pool>
+void expect_out_of_memory_names_what_graphs_hold(Pool& pool) {
+  stream s(0);
+  void* block = pool.allocate(40 * MiB, s);
+  begin_capture(s);
+  pool.deallocate(block, 40 * MiB, s);
+  CUgraph graph = end_capture_keeping_graph(s);
+  try {
+    pool.deallocate(pool.allocate(40 * MiB, s), 40 * MiB, s);
+    ADD_FAILURE() << "served past the maximum while a graph holds 40 MiB";
+  } catch (const out_of_memory& e) {
+    EXPECT_NE(std::string(e.what()).find("bytes of blocks freed under a CUDA graph capture are held"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(detail::pool_inspector::violations(pool), "");
+  GPUMEM_CU(cuGraphDestroy, graph);
+  EXPECT_TRUE(wait_for_used_below(pool, 1));
+  pool.deallocate(pool.allocate(40 * MiB, s), 40 * MiB, s);  // the held block's memory, free again
+}
+
+TEST(GraphHoldsShort, TheDefaultPoolsOutOfMemoryNamesWhatGraphsHold) {
+  vmm_pool_options o;
+  o.maximum_bytes = 64 * MiB;
+  vmm_pool_resource pool(0, o);
+  expect_out_of_memory_names_what_graphs_hold(pool);
+}
+
+TEST(GraphHoldsShort, PoolResourcesOutOfMemoryNamesWhatGraphsHold) {
+  cuda_resource upstream(0);
+  pool_options o;
+  o.maximum_bytes = 64 * MiB;
+  pool_resource pool(upstream, o);
+  expect_out_of_memory_names_what_graphs_hold(pool);
+}
+
 }  // namespace
 }  // namespace gpumem::test
