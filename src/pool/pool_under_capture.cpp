@@ -3,8 +3,6 @@
 // under a capture held for the graph (graph_holds.hpp).
 #include "pool/stream_ordered_pool.hpp"
 
-#include <string>
-
 #include "driver/driver.hpp"
 
 namespace gpumem::detail {
@@ -41,14 +39,8 @@ void stream_ordered_pool::hold_for_graph(arena& a, void* ptr, std::size_t bytes,
   {
     std::lock_guard lock(a.lock);
     b = a.live.find(address);
-    if (b == nullptr || b->cached) {
-      throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
-                        " was not allocated by this pool, or was already freed");
-    }
-    if (b->requested_bytes != bytes) {
-      throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) + " has " +
-                        std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
-    }
+    if (b == nullptr || b->cached) throw not_ours(ptr);
+    if (b->requested_bytes != bytes) throw wrong_size(ptr, b->requested_bytes, bytes);
     if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || graph == nullptr) {
       // An invalidated capture runs nothing (no fence: the stream still captures),
       // and one that ended meanwhile left an ordinary free.

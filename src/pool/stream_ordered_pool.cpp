@@ -343,22 +343,28 @@ void stream_ordered_pool::release_block(arena& a, block* b, std::uint64_t epoch)
   free_into(a, b, epoch);
 }
 
+logic_error stream_ordered_pool::not_ours(const void* ptr) const {
+  return logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
+                     " was not allocated by this pool, or was already freed");
+}
+
+logic_error stream_ordered_pool::wrong_size(const void* ptr, std::size_t had, std::size_t bytes) const {
+  return logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) + " has " + std::to_string(had) +
+                     " bytes, not " + std::to_string(bytes));
+}
+
 void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   arena* const owner = chunk_owner(address);
-  auto not_ours = [&] {
-    return logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) +
-                       " was not allocated by this pool, or was already freed");
-  };
   if (owner == nullptr || owner == &caller) {  // caller's own live map missed it
     // Handed out under a capture, freed after it: the graph's allocation.
     if (owner == nullptr && graph_memory.deallocate(ptr, bytes, caller.stream, false)) return;
-    throw not_ours();
+    throw not_ours(ptr);
   }
   {
     std::lock_guard lock(owner->lock);
     block* b = owner->live.find(address);
-    if (b == nullptr || b->cached) throw not_ours();
+    if (b == nullptr || b->cached) throw not_ours(ptr);
     if (b->requested_bytes != bytes) {
       throw logic_error(where("deallocate") + ": the allocation has " + std::to_string(b->requested_bytes) +
                         " bytes, not " + std::to_string(bytes));
@@ -375,7 +381,7 @@ void stream_ordered_pool::deallocate_foreign(arena& caller, void* ptr, std::size
   }
   std::lock_guard lock(owner->lock);
   block* b = owner->live.find(address);
-  if (b == nullptr || b->cached) throw not_ours();  // freed by another thread meanwhile
+  if (b == nullptr || b->cached) throw not_ours(ptr);  // freed by another thread meanwhile
   owner->live.erase(address);
   owner->used_bytes -= b->size;
   b->freed_by = &caller;

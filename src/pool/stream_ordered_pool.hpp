@@ -12,7 +12,6 @@
 // Read arena.hpp's Note [Fencing frees on demand] first.
 #pragma once
 
-
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -271,6 +270,10 @@ class stream_ordered_pool {
 
   // Messages: "gpumem::<name>::<call>: ...".
   std::string where(const char* call) const { return std::string("gpumem::") + name + "::" + call; }
+  // The errors of a free the pool refuses: `ptr` is no live allocation of its
+  // own, or was handed out for `had` bytes, not `bytes`. Out of line: thrown only.
+  [[gnu::cold]] logic_error not_ours(const void* ptr) const;
+  [[gnu::cold]] logic_error wrong_size(const void* ptr, std::size_t had, std::size_t bytes) const;
 
   const char* const name;
   const int device;
@@ -461,10 +464,7 @@ inline void stream_ordered_pool::deallocate(void* ptr, std::size_t bytes, stream
   {
     std::lock_guard lock(a.lock);
     if (block* b = a.live.find(address); b != nullptr && !b->cached) [[likely]] {
-      if (b->requested_bytes != bytes) {
-        throw logic_error(where("deallocate") + ": pointer " + pointer_text(ptr) + " has " +
-                          std::to_string(b->requested_bytes) + " bytes, not " + std::to_string(bytes));
-      }
+      if (b->requested_bytes != bytes) throw wrong_size(ptr, b->requested_bytes, bytes);
       const std::size_t size = b->size;
       free_live(a, b, address, bytes);
       note_free(a, size);
